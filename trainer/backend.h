@@ -1,0 +1,118 @@
+// Backend: one replay + one learner step, behind one interface for the CPU
+// (trainer/cpu, the numerical oracle) and CUDA (trainer/cuda) implementations.
+//
+// The learner step (DESIGN.md), the contract both backends implement exactly:
+//   t = steps taken before this one (Step() calls, skipped or not).
+//   1. Sample: p_i = stored priority (already ^alpha), total = sum_{i<size} p_i.
+//      For b in [0,B): u_b = (b + Uniform01(seed, t, b)) / B * total;
+//      idx_b = smallest j with prefix_j > u_b (prefix inclusive), clamped to size-1.
+//      beta = beta_start + (beta_end - beta_start) * min(1, t / beta_anneal_steps)
+//      (beta_end when beta_anneal_steps == 0).
+//      w_b = (size * p_idx / total)^-beta, then w_b /= max_b w_b.
+//   2. Gather s, a, R, discount, s'.
+//   3. Online forward on s and s'; target forward on s'.
+//   4. Per branch: l[a][z] = V[z] + A[a][z] - mean_a A[a][z]; p = softmax_z(l);
+//      Q[a] = sum_z p[a][z] * atom(z).
+//   5. Double DQN: a* = argmax_a Q_online(s')[a] (ties: lowest a); target dist
+//      p_target(s', a*).
+//   6. Tz_j = R + discount * atom(j); clip mass = sum of p_target[j] over atoms
+//      with Tz_j outside [v_min, v_max]; Tz clamped; bj = (Tz_j - v_min)/dz
+//      clamped to [0, atoms-1]; l = floor(bj), u = ceil(bj); l == u: m[l] += p_j,
+//      else m[l] += p_j (u - bj), m[u] += p_j (bj - l).
+//      target_clip_fraction = total clip mass / (B * branches).
+//   7. CE_b = (1/branches) sum_br -sum_z m[z] log_softmax(l(s)[a_br])[z]
+//      (log-probs in fp32 or better); loss = (1/B) sum_b w_b CE_b.
+//   8. Gradient of loss w.r.t. all online parameters (targets are constants).
+//   9. Guard, first match wins: loss non-finite -> kNonFiniteLoss; grad norm
+//      non-finite -> kNonFiniteGrad; max_grad_norm > 0 and norm > max_grad_norm
+//      -> kGradNorm; any Q_online(s) non-finite or |Q| > bound (max_abs_q, or
+//      max(|v_min|,|v_max|) * (1 + 1e-4) when 0) -> kQRange.
+//      On a trip the Adam update and the priority write-back are skipped.
+//  10. scale = clip > 0 ? min(1, clip / (norm + 1e-6)) : 1; g *= scale.
+//      Adam (k = applied updates so far + 1): m = b1 m + (1-b1) g;
+//      v = b2 v + (1-b2) g^2; theta -= lr * (m / (1-b1^k)) / (sqrt(v / (1-b2^k)) + eps).
+//      Target: period K > 0: copy online -> target when (t+1) % K == 0;
+//      else target += tau * (online - target). Runs every step, tripped or not.
+//  11. Priorities: p_idx = (CE_b + priority_epsilon)^alpha; for duplicate
+//      indices the largest b wins; max_priority = max(max_priority, p).
+//   Stats: loss, grad norm (before clip), Q min/mean/max over Q_online(s) of all
+//   B x total_actions, target_clip_fraction, guard reason.
+//
+// Replay: ring buffer of `capacity`; Insert overwrites the oldest items; new
+// items get the current max priority (initially 1). Indices are ring slots.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "qstream/v1/config.pb.h"
+#include "trainer/network_spec.h"
+#include "trainer/transitions.h"
+
+namespace qstream {
+
+enum class GuardReason : int32_t {
+  kNone = 0,
+  kNonFiniteLoss = 1,
+  kNonFiniteGrad = 2,
+  kGradNorm = 3,
+  kQRange = 4,
+};
+inline constexpr int kNumGuardReasons = 5;
+// Metric label of a reason: "none", "nonfinite_loss", "nonfinite_grad", "grad_norm", "q_range".
+const char* GuardReasonName(GuardReason reason);
+
+struct StepStats {
+  int64_t step = 0;  // steps taken including this one
+  float loss = 0;
+  float grad_norm = 0;
+  float q_min = 0;
+  float q_mean = 0;
+  float q_max = 0;
+  float target_clip_fraction = 0;
+  GuardReason guard = GuardReason::kNone;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;    // "cpu" or "cuda"
+  virtual std::string device() const = 0;  // e.g. "cpu (2 threads)", "NVIDIA H200"
+  virtual const NetworkSpec& spec() const = 0;
+
+  // Appends to the replay ring at max priority. Columns must match the spec
+  // (validated by the caller; an inconsistent batch returns InvalidArgument).
+  virtual absl::Status Insert(const TransitionColumns& batch) = 0;
+  virtual int64_t replay_size() const = 0;
+  virtual int64_t replay_capacity() const = 0;
+
+  // One learner step (contract above). FailedPrecondition when the replay is empty.
+  virtual absl::Status Step() = 0;
+  virtual int64_t steps() const = 0;
+
+  // Statistics of the most recent step whose statistics reached the host. The
+  // CPU backend returns the last step's; the CUDA backend the latest copied
+  // asynchronously (every stats_every steps), without waiting on the device.
+  // Guard trips are counted per step in `guard_trips` (index = reason).
+  virtual StepStats last_stats() = 0;
+  virtual std::vector<int64_t> guard_trips() = 0;
+  // Step times measured since the last call, appended to `out` as
+  // (seconds per step, number of steps) windows: the CPU backend times each
+  // step (count 1); the CUDA backend times each stats window of graph
+  // replays with CUDA events.
+  virtual void DrainStepTimes(std::vector<std::pair<double, int64_t>>* out) = 0;
+
+  // Online parameters (flat layout of NetworkSpec). May synchronize.
+  virtual std::vector<float> GetParams() = 0;
+  virtual absl::Status SetParams(const std::vector<float>& params) = 0;
+  // Online-network Q-values, n x total_actions. May synchronize.
+  virtual absl::Status ComputeQ(const float* obs, int64_t n, std::vector<float>* q) = 0;
+};
+
+}  // namespace qstream
