@@ -29,7 +29,9 @@ else
   echo "install-deps: Debian packages present"
 fi
 
-# Python packages for the SDK and its tests (PyPI).
+# Python packages for the SDK and its tests (PyPI). QSTREAM_SKIP_PIP=1 skips
+# them (container images that only build the daemon).
+if [ "${QSTREAM_SKIP_PIP:-0}" = "1" ]; then exit 0; fi
 PY=${PYTHON:-python3}
 PIP_PACKAGES=(grpcio grpcio-tools numpy gymnasium pytest)
 need_pip=0
