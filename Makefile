@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo clean
+.PHONY: all deps configure build test demo clean asan tsa
 
 all: build
 
@@ -26,3 +26,15 @@ demo: build
 
 clean:
 	rm -rf $(BUILD_DIR)
+
+# ASan + UBSan build of the host code (CPU backend), fast tests only.
+asan: deps
+	cmake -S . -B build-asan -G Ninja -DQSTREAM_CUDA=OFF -DQSTREAM_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -LE slow
+
+# clang -Wthread-safety build: checks the ABSL_GUARDED_BY annotations (GCC ignores them).
+tsa: deps
+	CXX=clang++ CC=clang cmake -S . -B build-tsa -G Ninja -DQSTREAM_CUDA=OFF -DQSTREAM_WERROR=ON \
+	  -DCMAKE_CXX_FLAGS="-Wthread-safety"
+	cmake --build build-tsa -j $(JOBS)
