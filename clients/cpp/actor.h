@@ -1,0 +1,51 @@
+// Actor: steps N environments with an epsilon-greedy policy over the latest
+// snapshot (the CPU backend's own forward code) and streams 1-step
+// transitions (KIND_STEP, one env_id per environment) so the daemon
+// assembles n-step returns per environment.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <ostream>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "clients/cpp/epsilon_schedule.h"
+#include "clients/cpp/experience_stream.h"
+#include "clients/cpp/policy_watcher.h"
+
+namespace qstream::actor {
+
+struct ActorOptions {
+  std::string env = "CartPole";
+  int num_envs = 4;
+  // Stop after this many environment steps (all envs together); 0: no cap.
+  int64_t max_steps = 0;
+  EpsilonSchedule epsilon;
+  uint64_t seed = 1;
+  // Transitions per TransitionBatch.
+  int batch_transitions = 64;
+  // Episodes in the moving mean of returns.
+  int return_window = 20;
+  // Stop once the moving mean reaches this (over a full window); NaN: never.
+  double stop_at_return = std::numeric_limits<double>::quiet_NaN();
+  absl::Duration report_every = absl::Seconds(5);
+};
+
+struct ActorResult {
+  int64_t env_steps = 0;
+  int64_t episodes = 0;
+  double mean_return = 0;  // over the last return_window episodes
+  bool reached_target = false;
+  StreamTotals stream;
+};
+
+// Runs until `stop` is set, max_steps is reached or the return target is met;
+// sends everything collected and waits for its acks before returning.
+// Progress lines go to `log`.
+absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStream& stream, PolicyWatcher& policy,
+                                     const std::atomic<bool>& stop, std::ostream& log);
+
+}  // namespace qstream::actor

@@ -1,0 +1,118 @@
+// qstream-actor: built-in environments acting on a qstreamd policy and
+// streaming their experience to it.
+//
+// Exit status: 0 when the run ended normally (return target reached, step cap
+// reached without a target, or SIGINT/SIGTERM); 3 when a --stop_at_return
+// target was set and --steps ran out first; 1 on any error.
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "clients/cpp/actor.h"
+#include "clients/cpp/experience_stream.h"
+#include "clients/cpp/policy_watcher.h"
+#include "grpcpp/grpcpp.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "qstreamd gRPC address host:port");
+ABSL_FLAG(std::string, env, "CartPole", "built-in environment: CartPole | MountainCar");
+ABSL_FLAG(int, num_envs, 4, "environments stepped by this process");
+ABSL_FLAG(int64_t, steps, 0, "stop after this many environment steps (all envs); 0: no cap");
+ABSL_FLAG(double, epsilon_start, 1.0, "exploration rate at the first step");
+ABSL_FLAG(double, epsilon_end, 0.01, "exploration rate after the decay");
+ABSL_FLAG(int64_t, epsilon_decay_steps, 10000, "environment steps of the linear epsilon decay");
+ABSL_FLAG(uint64_t, seed, 1, "seed of episode starts and exploration");
+ABSL_FLAG(double, stop_at_return, std::numeric_limits<double>::quiet_NaN(),
+          "exit 0 once the mean return of the last --return_window episodes reaches this");
+ABSL_FLAG(int, return_window, 20, "episodes in the moving mean of returns");
+ABSL_FLAG(int, batch_transitions, 64, "transitions per TransitionBatch");
+ABSL_FLAG(int, max_in_flight, 8, "unacknowledged batches before sending blocks");
+ABSL_FLAG(double, report_every_s, 5, "seconds between progress lines");
+ABSL_FLAG(double, connect_timeout_s, 30, "how long to wait for the daemon's first policy");
+ABSL_FLAG(std::string, stream_id, "", "stream identity for resend de-duplication (default: host-pid)");
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+void OnSignal(int) { g_stop.store(true); }
+
+std::string DefaultStreamId() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return absl::StrCat(host, "-", getpid());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("qstream-actor --server=HOST:PORT --env=CartPole --num_envs=N");
+  absl::ParseCommandLine(argc, argv);
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+
+  using qstream::actor::ActorOptions;
+  ActorOptions options;
+  options.env = absl::GetFlag(FLAGS_env);
+  options.num_envs = absl::GetFlag(FLAGS_num_envs);
+  options.max_steps = absl::GetFlag(FLAGS_steps);
+  options.epsilon.start = absl::GetFlag(FLAGS_epsilon_start);
+  options.epsilon.end = absl::GetFlag(FLAGS_epsilon_end);
+  options.epsilon.decay_steps = absl::GetFlag(FLAGS_epsilon_decay_steps);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.stop_at_return = absl::GetFlag(FLAGS_stop_at_return);
+  options.return_window = absl::GetFlag(FLAGS_return_window);
+  options.batch_transitions = absl::GetFlag(FLAGS_batch_transitions);
+  options.report_every = absl::Seconds(absl::GetFlag(FLAGS_report_every_s));
+
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials(), args);
+
+  auto policy =
+      qstream::actor::PolicyWatcher::Create(channel, absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)));
+  if (!policy.ok()) {
+    std::cerr << "qstream-actor: " << policy.status().message() << "\n";
+    return 1;
+  }
+  qstream::actor::ExperienceStream::Options stream_options;
+  stream_options.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+  stream_options.stream_id = absl::GetFlag(FLAGS_stream_id);
+  if (stream_options.stream_id.empty()) stream_options.stream_id = DefaultStreamId();
+  auto stream = qstream::actor::ExperienceStream::Open(channel, stream_options);
+  if (!stream.ok()) {
+    std::cerr << "qstream-actor: " << stream.status().message() << "\n";
+    return 1;
+  }
+  std::cout << "qstream-actor env=" << options.env << " num_envs=" << options.num_envs
+            << " server=" << absl::GetFlag(FLAGS_server) << " stream_id=" << stream_options.stream_id
+            << " policy_version=" << (*policy)->Latest()->version << std::endl;
+
+  auto result = qstream::actor::RunActor(options, **stream, **policy, g_stop, std::cout);
+  absl::Status closed = (*stream)->Close();
+  if (!result.ok()) {
+    std::cerr << "qstream-actor: " << result.status().message() << "\n";
+    return 1;
+  }
+  if (!closed.ok()) {
+    std::cerr << "qstream-actor: " << closed.message() << "\n";
+    return 1;
+  }
+  std::cout << "qstream-actor finished env_steps=" << result->env_steps << " episodes=" << result->episodes
+            << " mean_return=" << result->mean_return << " sent=" << result->stream.sent_transitions
+            << " accepted=" << result->stream.accepted_transitions
+            << " reached_target=" << (result->reached_target ? "yes" : "no") << std::endl;
+  const bool target_set = !std::isnan(options.stop_at_return);
+  if (target_set && !result->reached_target && !g_stop.load()) return 3;
+  return 0;
+}

@@ -1,0 +1,112 @@
+#include "clients/cpp/policy_watcher.h"
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace qstream::actor {
+namespace {
+
+constexpr absl::Duration kInitialBackoff = absl::Milliseconds(100);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const PolicySnapshot>> SnapshotFromProto(const v1::Policy& policy) {
+  auto spec = NetworkSpec::FromArchitecture(policy.architecture());
+  if (!spec.ok()) return spec.status();
+  if (static_cast<int64_t>(policy.weights_size()) != spec->num_params) {
+    return absl::InvalidArgumentError(absl::StrCat("policy version ", policy.version(), " has ", policy.weights_size(),
+                                                   " weights; its architecture needs ", spec->num_params));
+  }
+  auto snap = std::make_shared<PolicySnapshot>();
+  snap->version = policy.version();
+  snap->spec = *std::move(spec);
+  snap->weights.assign(policy.weights().begin(), policy.weights().end());
+  return std::shared_ptr<const PolicySnapshot>(std::move(snap));
+}
+
+absl::StatusOr<std::unique_ptr<PolicyWatcher>> PolicyWatcher::Create(std::shared_ptr<grpc::Channel> channel,
+                                                                     absl::Duration connect_timeout) {
+  auto stub = v1::PolicyService::NewStub(channel);
+  const absl::Time deadline = absl::Now() + connect_timeout;
+  absl::Duration backoff = kInitialBackoff;
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(std::max(deadline, absl::Now() + kInitialBackoff)));
+    ctx.set_wait_for_ready(true);
+    v1::Policy policy;
+    grpc::Status s = stub->GetPolicy(&ctx, v1::GetPolicyRequest(), &policy);
+    if (s.ok()) {
+      auto snap = SnapshotFromProto(policy);
+      if (!snap.ok()) return snap.status();
+      return std::unique_ptr<PolicyWatcher>(new PolicyWatcher(std::move(channel), *std::move(snap)));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat("GetPolicy failed: ", s.error_message()));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, kMaxBackoff);
+  }
+}
+
+PolicyWatcher::PolicyWatcher(std::shared_ptr<grpc::Channel> channel, std::shared_ptr<const PolicySnapshot> first)
+    : stub_(v1::PolicyService::NewStub(std::move(channel))), latest_(std::move(first)) {
+  thread_ = std::thread([this] { WatchLoop(); });
+}
+
+PolicyWatcher::~PolicyWatcher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    if (watch_context_ != nullptr) watch_context_->TryCancel();
+  }
+  thread_.join();
+}
+
+std::shared_ptr<const PolicySnapshot> PolicyWatcher::Latest() const {
+  absl::MutexLock lock(&mu_);
+  return latest_;
+}
+
+void PolicyWatcher::Store(std::shared_ptr<const PolicySnapshot> snapshot) {
+  absl::MutexLock lock(&mu_);
+  if (snapshot->version > latest_->version) latest_ = std::move(snapshot);
+}
+
+void PolicyWatcher::WatchLoop() {
+  absl::Duration backoff = kInitialBackoff;
+  while (true) {
+    grpc::ClientContext ctx;
+    v1::WatchPolicyRequest request;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      watch_context_ = &ctx;
+      request.set_after_version(latest_->version);
+    }
+    auto reader = stub_->WatchPolicy(&ctx, request);
+    v1::Policy policy;
+    while (reader->Read(&policy)) {
+      auto snap = SnapshotFromProto(policy);
+      if (!snap.ok()) {
+        std::cerr << "qstream-actor: ignoring policy: " << snap.status().message() << "\n";
+        continue;
+      }
+      Store(*std::move(snap));
+      backoff = kInitialBackoff;
+    }
+    grpc::Status status = reader->Finish();
+    absl::MutexLock lock(&mu_);
+    watch_context_ = nullptr;
+    if (stopping_) return;
+    // The daemon may be restarting: wait, but wake at once on shutdown.
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), backoff);
+    backoff = std::min(backoff * 2, kMaxBackoff);
+  }
+}
+
+}  // namespace qstream::actor

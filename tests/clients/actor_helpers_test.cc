@@ -1,0 +1,53 @@
+#include <cmath>
+
+#include "clients/cpp/env_registry.h"
+#include "clients/cpp/epsilon_schedule.h"
+#include "clients/cpp/return_tracker.h"
+#include "gtest/gtest.h"
+
+namespace qstream::actor {
+namespace {
+
+TEST(EpsilonScheduleTest, DecaysLinearlyThenHolds) {
+  EpsilonSchedule e{1.0, 0.1, 100};
+  EXPECT_DOUBLE_EQ(e.At(0), 1.0);
+  EXPECT_DOUBLE_EQ(e.At(50), 0.55);
+  EXPECT_DOUBLE_EQ(e.At(100), 0.1);
+  EXPECT_DOUBLE_EQ(e.At(1000), 0.1);
+  EpsilonSchedule constant{1.0, 0.05, 0};
+  EXPECT_DOUBLE_EQ(constant.At(0), 0.05);
+}
+
+TEST(ReturnTrackerTest, MeanOverLastWindowEpisodes) {
+  ReturnTracker t(2, 3);
+  t.AddReward(0, 1);
+  t.AddReward(1, 10);
+  t.AddReward(0, 1);
+  EXPECT_DOUBLE_EQ(t.EndEpisode(0), 2);
+  EXPECT_FALSE(t.full());
+  EXPECT_DOUBLE_EQ(t.EndEpisode(1), 10);
+  t.AddReward(0, 3);
+  t.EndEpisode(0);
+  EXPECT_TRUE(t.full());
+  EXPECT_DOUBLE_EQ(t.mean(), 5);
+  t.AddReward(1, 6);
+  t.EndEpisode(1);  // window drops the first episode (2)
+  EXPECT_DOUBLE_EQ(t.mean(), (10 + 3 + 6) / 3.0);
+  EXPECT_EQ(t.episodes(), 4);
+}
+
+TEST(EnvRegistryTest, KnownAndUnknownNames) {
+  auto cp = MakeEnv("CartPole-v1", 1);
+  ASSERT_TRUE(cp.ok());
+  EXPECT_EQ((*cp)->obs_dim(), 4);
+  EXPECT_EQ((*cp)->num_actions(), 2);
+  auto mc = MakeEnv("MountainCar", 1);
+  ASSERT_TRUE(mc.ok());
+  EXPECT_EQ((*mc)->num_actions(), 3);
+  auto bad = MakeEnv("Pong", 1);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("CartPole"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qstream::actor
