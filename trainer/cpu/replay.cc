@@ -1,0 +1,85 @@
+#include "trainer/cpu/replay.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "trainer/rng.h"
+
+namespace qstream::cpu {
+
+PrioritizedReplay::PrioritizedReplay(int64_t capacity, int obs_dim, int num_branches)
+    : capacity_(capacity),
+      obs_dim_(obs_dim),
+      num_branches_(num_branches),
+      obs_(capacity * obs_dim),
+      next_obs_(capacity * obs_dim),
+      actions_(capacity * num_branches),
+      rewards_(capacity),
+      discounts_(capacity),
+      tree_(capacity) {}
+
+absl::Status PrioritizedReplay::CheckShape(const TransitionColumns& batch) const {
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("transitions.", field, ": ", why));
+  };
+  if (batch.n < 0) return bad("n", "must be >= 0");
+  if (batch.obs_dim != obs_dim_) return bad("obs_dim", absl::StrCat("is ", batch.obs_dim, ", network has ", obs_dim_));
+  if (batch.num_branches != num_branches_)
+    return bad("num_branches", absl::StrCat("is ", batch.num_branches, ", network has ", num_branches_));
+  const auto n = static_cast<size_t>(batch.n);
+  if (batch.obs.size() != n * obs_dim_) return bad("obs", "length must be n * obs_dim");
+  if (batch.next_obs.size() != n * obs_dim_) return bad("next_obs", "length must be n * obs_dim");
+  if (batch.actions.size() != n * num_branches_) return bad("actions", "length must be n * num_branches");
+  if (batch.rewards.size() != n) return bad("rewards", "length must be n");
+  if (batch.discounts.size() != n) return bad("discounts", "length must be n");
+  return absl::OkStatus();
+}
+
+void PrioritizedReplay::Insert(const TransitionColumns& batch) {
+  // Only the last `capacity` items of an oversized batch would survive.
+  const int64_t skip = std::max<int64_t>(0, batch.n - capacity_);
+  for (int64_t i = skip; i < batch.n; ++i) {
+    const int64_t slot = cursor_;
+    std::copy_n(&batch.obs[i * obs_dim_], obs_dim_, &obs_[slot * obs_dim_]);
+    std::copy_n(&batch.next_obs[i * obs_dim_], obs_dim_, &next_obs_[slot * obs_dim_]);
+    std::copy_n(&batch.actions[i * num_branches_], num_branches_, &actions_[slot * num_branches_]);
+    rewards_[slot] = batch.rewards[i];
+    discounts_[slot] = batch.discounts[i];
+    tree_.Set(slot, max_priority_);
+    cursor_ = (cursor_ + 1) % capacity_;
+    size_ = std::min(size_ + 1, capacity_);
+  }
+}
+
+void PrioritizedReplay::Sample(int batch, uint64_t seed, uint64_t step, double beta, int64_t* slots,
+                               float* weights) const {
+  const double total = tree_.total();
+  std::vector<double> w(batch);
+  double max_w = 0;
+  for (int b = 0; b < batch; ++b) {
+    const double u = (b + static_cast<double>(Uniform01(seed, step, b))) / batch * total;
+    const int64_t slot = std::min(tree_.Find(u), size_ - 1);
+    slots[b] = slot;
+    w[b] = std::pow(static_cast<double>(size_) * tree_.Get(slot) / total, -beta);
+    max_w = std::max(max_w, w[b]);
+  }
+  for (int b = 0; b < batch; ++b) weights[b] = static_cast<float>(w[b] / max_w);
+}
+
+void PrioritizedReplay::UpdatePriorities(int batch, const int64_t* slots, const float* item_loss, float epsilon,
+                                         float alpha) {
+  for (int b = 0; b < batch; ++b) {
+    const float p = std::pow(item_loss[b] + epsilon, alpha);
+    tree_.Set(slots[b], p);
+    max_priority_ = std::max(max_priority_, p);
+  }
+}
+
+void PrioritizedReplay::SetPriority(int64_t slot, float priority) {
+  tree_.Set(slot, priority);
+  max_priority_ = std::max(max_priority_, priority);
+}
+
+}  // namespace qstream::cpu

@@ -1,0 +1,32 @@
+#include "trainer/cpu/sum_tree.h"
+
+namespace qstream::cpu {
+
+SumTree::SumTree(int64_t capacity) : capacity_(capacity), width_(1) {
+  while (width_ < capacity_) width_ *= 2;
+  leaves_.assign(capacity_, 0.0f);
+  nodes_.assign(2 * width_, 0.0);
+}
+
+void SumTree::Set(int64_t index, float priority) {
+  leaves_[index] = priority;
+  int64_t node = width_ + index;
+  nodes_[node] = priority;
+  for (node /= 2; node >= 1; node /= 2) nodes_[node] = nodes_[2 * node] + nodes_[2 * node + 1];
+}
+
+int64_t SumTree::Find(double u) const {
+  int64_t node = 1;
+  while (node < width_) {
+    const int64_t left = 2 * node;
+    if (u < nodes_[left] || nodes_[left + 1] <= 0.0) {
+      node = left;
+    } else {
+      u -= nodes_[left];
+      node = left + 1;
+    }
+  }
+  return node - width_;
+}
+
+}  // namespace qstream::cpu
