@@ -78,6 +78,7 @@ class Learner {
   // thread or inside Enqueue/Stop; it must not block or call back into Learner.
   void Enqueue(TransitionColumns batch, InsertDone done);
 
+  // Pause returns once no step is in flight; not to be called from a listener.
   void Pause();
   void Resume();
 
@@ -103,8 +104,13 @@ class Learner {
 
  private:
   Learner(const v1::TrainerConfig& config, std::unique_ptr<Backend> backend);
+  struct Pending;
   void Run();
   void Publish() ABSL_LOCKS_EXCLUDED(mu_);
+  // Moves batches into the backend and runs their callbacks (caller owns the backend).
+  void InsertBatches(std::deque<Pending>* batches) ABSL_LOCKS_EXCLUDED(mu_);
+  // Copies the backend's statistics and step-time windows into status_/step_times_.
+  void RefreshStats() ABSL_LOCKS_EXCLUDED(mu_);
 
   const v1::TrainerConfig config_;
   std::unique_ptr<Backend> backend_;  // touched only by the learner thread once started
@@ -115,14 +121,19 @@ class Learner {
     TransitionColumns batch;
     InsertDone done;
   };
+  int64_t refreshed_at_step_ = -1;  // learner thread only
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
+  bool stepping_ ABSL_GUARDED_BY(mu_) = false;  // the thread is inserting or stepping
   LearnerStatus status_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const PolicySnapshot> policy_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, PolicyListener> listeners_ ABSL_GUARDED_BY(mu_);
-  int64_t next_listener_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Held while listeners run, so RemovePolicyListener returns only once its
+  // listener is no longer running (listeners may call policy()/status()).
+  absl::Mutex listener_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::map<int64_t, PolicyListener> listeners_ ABSL_GUARDED_BY(listener_mu_);
+  int64_t next_listener_id_ ABSL_GUARDED_BY(listener_mu_) = 1;
   std::vector<std::pair<double, int64_t>> step_times_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };

@@ -1,0 +1,39 @@
+// qstream-bench: `qstream-bench <learner|ingest> [--flags]`; each subcommand
+// prints one JSON line per case on stdout (progress goes to stderr).
+#include <cstdio>
+#include <cstring>
+
+#include "bench/bench.h"
+
+namespace {
+
+void Usage(const char* argv0) {
+  std::fprintf(stderr,
+               "usage: %s learner [--config=small,h200] [--batch=64,256] [--backend=auto|cpu|cuda]\n"
+               "                  [--steps=N] [--repeats=R] [--warmup=W] [--fill=N] [--peak_tflops=T] [--peak_gbps=G]\n"
+               "       %s ingest [flags]   (see `%s ingest --help`)\n",
+               argv0, argv0, argv0);
+}
+
+}  // namespace
+
+#if QSTREAM_BENCH_NO_INGEST
+// Built without bench/ingest_bench.cc or the server library.
+int qstream::bench::RunIngestBench(int, char**) {
+  std::fprintf(stderr, "qstream-bench ingest: not built (needs bench/ingest_bench.cc and the qstream_server library)\n");
+  return 2;
+}
+#endif
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    Usage(argv[0]);
+    return argc < 2 ? 2 : 0;
+  }
+  // Subcommands see their own name as argv[0].
+  if (std::strcmp(argv[1], "learner") == 0) return qstream::bench::RunLearnerBench(argc - 1, argv + 1);
+  if (std::strcmp(argv[1], "ingest") == 0) return qstream::bench::RunIngestBench(argc - 1, argv + 1);
+  std::fprintf(stderr, "qstream-bench: unknown subcommand '%s'\n", argv[1]);
+  Usage(argv[0]);
+  return 2;
+}
