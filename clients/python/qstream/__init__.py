@@ -1,0 +1,28 @@
+"""qstream: Python actor SDK for the qstreamd C51 learner.
+
+    from qstream import ActorClient, PolicyWatcher, run_actor
+"""
+
+from qstream.actor import ActorResult, EpsilonSchedule, run_actor
+from qstream.batch import nstep_batch, step_batch
+from qstream.client import ActorClient, BatchRejected, QstreamError, StreamError, StreamStats
+from qstream.policy import Architecture, Policy, PolicyWatcher, fetch_policy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ActorClient",
+    "ActorResult",
+    "Architecture",
+    "BatchRejected",
+    "EpsilonSchedule",
+    "Policy",
+    "PolicyWatcher",
+    "QstreamError",
+    "StreamError",
+    "StreamStats",
+    "fetch_policy",
+    "nstep_batch",
+    "run_actor",
+    "step_batch",
+]

@@ -1,0 +1,95 @@
+"""Python stubs for proto/qstream/v1, generated with grpcio-tools.
+
+The stubs are produced at build time (setup.py's build_py hook) and, when the
+package runs from a source checkout without them, on first import. They land
+in ``qstream/_proto`` as flat modules importing each other relatively, so the
+``qstream.v1`` proto package never collides with this ``qstream`` package.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+PROTO_FILES = ("config", "experience", "policy", "admin")
+_PROTO_SUBDIR = Path("qstream") / "v1"
+# `from qstream.v1 import config_pb2 as qstream_dot_v1_dot_config__pb2`
+_CROSS_IMPORT = re.compile(r"^from qstream\.v1 import (\w+) as (\w+)$", re.MULTILINE)
+
+
+def find_proto_root(start: Path | None = None) -> Path | None:
+    """The folder holding qstream/v1/*.proto: $QSTREAM_PROTO_DIR, or a
+    `proto/` folder in a parent of this file (a source checkout)."""
+    env = os.environ.get("QSTREAM_PROTO_DIR")
+    if env:
+        return Path(env)
+    here = (start or Path(__file__)).resolve()
+    for parent in here.parents:
+        candidate = parent / "proto"
+        if (candidate / _PROTO_SUBDIR / "experience.proto").is_file():
+            return candidate
+    return None
+
+
+def generate(proto_root: Path, out_dir: Path) -> None:
+    """Generates *_pb2.py and *_pb2_grpc.py for every qstream proto into
+    out_dir (replaced atomically, so concurrent importers never see half a
+    package)."""
+    from grpc_tools import protoc  # build/first-import dependency only
+
+    import importlib.resources
+
+    well_known = str(importlib.resources.files("grpc_tools") / "_proto")
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".qstream_proto_") as tmp:
+        raw = Path(tmp) / "raw"
+        pkg = Path(tmp) / "pkg"
+        raw.mkdir()
+        pkg.mkdir()
+        files = [str(proto_root / _PROTO_SUBDIR / f"{name}.proto") for name in PROTO_FILES]
+        args = [
+            "grpc_tools.protoc",
+            f"-I{proto_root}",
+            f"-I{well_known}",
+            f"--python_out={raw}",
+            f"--grpc_python_out={raw}",
+            *files,
+        ]
+        if protoc.main(args) != 0:
+            raise RuntimeError(f"grpc_tools.protoc failed on {proto_root}")
+        for src in sorted((raw / _PROTO_SUBDIR).glob("*.py")):
+            text = _CROSS_IMPORT.sub(r"from . import \1 as \2", src.read_text())
+            (pkg / src.name).write_text(text)
+        (pkg / "__init__.py").write_text('"""Generated from proto/qstream/v1 by qstream._protogen."""\n')
+        try:
+            os.rename(pkg, out_dir)
+        except OSError:
+            # Another process generated it first, or an old copy is there.
+            if not (out_dir / "experience_pb2.py").is_file():
+                shutil.rmtree(out_dir, ignore_errors=True)
+                os.rename(pkg, out_dir)
+
+
+def ensure_generated() -> None:
+    """Makes qstream._proto importable, generating it from a source
+    checkout's proto/ folder when it is missing."""
+    out_dir = Path(__file__).resolve().parent / "_proto"
+    if (out_dir / "experience_pb2_grpc.py").is_file():
+        return
+    root = find_proto_root()
+    if root is None:
+        raise ImportError(
+            "qstream: generated stubs are missing and no proto/ folder was found; "
+            "install with `pip install ./clients/python` or set QSTREAM_PROTO_DIR"
+        )
+    generate(root, out_dir)
+
+
+if __name__ == "__main__":
+    # python -m qstream._protogen PROTO_ROOT OUT_DIR
+    generate(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -1,0 +1,180 @@
+"""run_actor: a gymnasium vector env acting epsilon-greedily on the daemon's
+latest policy and streaming 1-step transitions (KIND_STEP, one env_id per
+sub-env; the daemon assembles n-step returns).
+
+Episode ends: `terminated` is sent as done (no bootstrap), `truncated` as
+truncated (the daemon bootstraps from next_obs). With gymnasium >= 1.0's
+default next-step autoreset, the step that ends an episode returns the
+final observation, and the following step only resets that sub-env: its
+(action, reward) is not a transition and is not sent. With same-step
+autoreset (and gymnasium < 1.0) the final observation comes in `infos`.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from qstream.client import ActorClient
+from qstream.policy import PolicyWatcher
+
+
+@dataclass
+class EpsilonSchedule:
+    """Linear decay from start to end over decay_steps env steps."""
+
+    start: float = 1.0
+    end: float = 0.01
+    decay_steps: int = 10_000
+
+    def __call__(self, step: int) -> float:
+        if self.decay_steps <= 0:
+            return self.end
+        frac = min(1.0, step / self.decay_steps)
+        return self.end + (self.start - self.end) * (1.0 - frac)
+
+
+@dataclass
+class ActorResult:
+    env_steps: int
+    episodes: int
+    mean_return: float
+    reached_target: bool
+    wall_seconds: float
+    accepted_transitions: int
+    policy_version: int
+
+
+def _autoreset_mode(envs) -> str:
+    mode = getattr(envs, "metadata", {}).get("autoreset_mode")
+    if mode is None:
+        import gymnasium
+
+        return "next_step" if int(gymnasium.__version__.split(".")[0]) >= 1 else "legacy"
+    return getattr(mode, "value", str(mode)).lower()
+
+
+def _final_obs(infos, mode: str, i: int):
+    key = "final_obs" if mode == "same_step" else "final_observation"
+    return infos[key][i]
+
+
+def make_vector_env(env_id: str, num_envs: int, seed: int | None = None, **env_kwargs):
+    import gymnasium as gym
+
+    return gym.vector.SyncVectorEnv([lambda: gym.make(env_id, **env_kwargs) for _ in range(num_envs)])
+
+
+def run_actor(
+    env_id: str,
+    server: str = "127.0.0.1:50051",
+    *,
+    num_envs: int = 8,
+    total_steps: int | None = None,
+    epsilon: EpsilonSchedule | None = None,
+    seed: int = 0,
+    stop_at_return: float | None = None,
+    return_window: int = 20,
+    batch_size: int = 256,
+    max_in_flight: int = 8,
+    report_every_s: float = 5.0,
+    envs=None,
+    log=print,
+    connect_timeout_s: float = 30.0,
+) -> ActorResult:
+    """Acts in `env_id` (or the given vector env `envs`) until total_steps env
+    steps, or until the mean return of the last `return_window` episodes
+    reaches stop_at_return; flushes and returns the result."""
+    epsilon = epsilon or EpsilonSchedule()
+    envs = envs if envs is not None else make_vector_env(env_id, num_envs)
+    n = envs.num_envs
+    mode = _autoreset_mode(envs)
+    rng = np.random.default_rng(seed)
+    returns = collections.deque(maxlen=return_window)
+    running = np.zeros(n, dtype=np.float64)
+    episodes = 0
+    steps = 0
+    start = time.monotonic()
+    next_report = start + report_every_s
+
+    watcher = PolicyWatcher(server, timeout=connect_timeout_s)
+    client = ActorClient(server, batch_size=batch_size, max_in_flight=max_in_flight)
+    reached = False
+    try:
+        obs, _ = envs.reset(seed=seed)
+        obs = np.asarray(obs, dtype=np.float32).reshape(n, -1)
+        resetting = np.zeros(n, dtype=bool)  # next_step mode: this step only resets
+        while total_steps is None or steps < total_steps:
+            policy = watcher.policy
+            actions = policy.act(obs, epsilon(steps), rng)
+            env_actions = actions[:, 0] if policy.num_branches == 1 else actions
+            next_obs, rewards, terminated, truncated, infos = envs.step(env_actions)
+            next_obs = np.asarray(next_obs, dtype=np.float32).reshape(n, -1)
+            terminated = np.asarray(terminated, dtype=bool)
+            truncated = np.asarray(truncated, dtype=bool)
+            rewards = np.asarray(rewards, dtype=np.float32)
+            ended = terminated | truncated
+
+            valid = ~resetting if mode == "next_step" else np.ones(n, dtype=bool)
+            recorded_next = next_obs
+            if mode != "next_step" and ended.any():
+                recorded_next = next_obs.copy()
+                for i in np.flatnonzero(ended):
+                    recorded_next[i] = np.asarray(_final_obs(infos, mode, i), dtype=np.float32).ravel()
+            idx = np.flatnonzero(valid)
+            if idx.size:
+                client.add_steps(
+                    obs[idx],
+                    actions[idx],
+                    rewards[idx],
+                    recorded_next[idx],
+                    terminated[idx],
+                    truncated[idx] & ~terminated[idx],
+                    env_ids=idx,
+                    policy_version=policy.version,
+                )
+                steps += idx.size
+                running[idx] += rewards[idx]
+                for i in idx[ended[idx]]:
+                    returns.append(running[i])
+                    running[i] = 0.0
+                    episodes += 1
+            resetting = ended & valid if mode == "next_step" else np.zeros(n, dtype=bool)
+            obs = next_obs
+
+            now = time.monotonic()
+            mean = float(np.mean(returns)) if returns else 0.0
+            if now >= next_report:
+                st = client.stats
+                log(
+                    f"progress env_steps={steps} episodes={episodes} mean_return_{return_window}={mean:.1f} "
+                    f"epsilon={epsilon(steps):.3f} policy_version={policy.version} "
+                    f"steps_per_s={steps / (now - start):.0f} replay_size={st.replay_size}"
+                )
+                next_report += report_every_s
+            if stop_at_return is not None and len(returns) == return_window and mean >= stop_at_return:
+                reached = True
+                break
+        client.flush()
+    finally:
+        client.close()
+        watcher.close()
+        envs.close()
+    mean = float(np.mean(returns)) if returns else 0.0
+    wall = time.monotonic() - start
+    log(
+        f"{'reached' if reached else 'done'} env_steps={steps} episodes={episodes} "
+        f"mean_return_{return_window}={mean:.1f} wall_s={wall:.1f}"
+    )
+    return ActorResult(
+        env_steps=steps,
+        episodes=episodes,
+        mean_return=mean,
+        reached_target=reached,
+        wall_seconds=wall,
+        accepted_transitions=client.stats.accepted_transitions,
+        policy_version=watcher.version,
+    )

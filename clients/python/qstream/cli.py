@@ -1,0 +1,50 @@
+"""qstream-actor-py: a gymnasium environment acting on a qstreamd policy."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from qstream.actor import EpsilonSchedule, run_actor
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="qstream-actor-py", description=__doc__)
+    p.add_argument("--env", default="CartPole-v1", help="gymnasium environment id")
+    p.add_argument("--server", default="127.0.0.1:50051", help="qstreamd gRPC address host:port")
+    p.add_argument("--num_envs", type=int, default=8)
+    p.add_argument("--steps", type=int, default=0, help="stop after this many env steps; 0: no cap")
+    p.add_argument("--epsilon_start", type=float, default=1.0)
+    p.add_argument("--epsilon_end", type=float, default=0.01)
+    p.add_argument("--epsilon_decay_steps", type=int, default=10_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop_at_return", type=float, default=None, help="exit 0 once the mean return reaches this")
+    p.add_argument("--return_window", type=int, default=20)
+    p.add_argument("--batch_size", type=int, default=256, help="transitions per TransitionBatch")
+    p.add_argument("--max_in_flight", type=int, default=8)
+    p.add_argument("--report_every_s", type=float, default=5.0)
+    a = p.parse_args(argv)
+    try:
+        result = run_actor(
+            a.env,
+            a.server,
+            num_envs=a.num_envs,
+            total_steps=a.steps or None,
+            epsilon=EpsilonSchedule(a.epsilon_start, a.epsilon_end, a.epsilon_decay_steps),
+            seed=a.seed,
+            stop_at_return=a.stop_at_return,
+            return_window=a.return_window,
+            batch_size=a.batch_size,
+            max_in_flight=a.max_in_flight,
+            report_every_s=a.report_every_s,
+            log=lambda line: print(line, flush=True),
+        )
+    except KeyboardInterrupt:
+        return 0
+    if a.stop_at_return is not None and not result.reached_target:
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

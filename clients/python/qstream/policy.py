@@ -1,0 +1,229 @@
+"""Policy: the daemon's C51 network run in numpy, and PolicyWatcher, which
+keeps the latest published Policy of a daemon up to date in the background.
+
+Weight layout (proto/qstream/v1/policy.proto, trainer/network_spec.h): one
+flat float32 array of Linear layers, each W[out][in] row-major then b[out]:
+trunk layers (ReLU after each), value hidden (ReLU), value out (atoms),
+advantage hidden (ReLU), advantage out ([branch][action][atom]).
+Per branch the logits are l[a] = V + A[a] - mean_a A[a]; Q[a] is the mean of
+the atoms under softmax(l[a]).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from qstream.proto import policy_pb2, policy_pb2_grpc
+
+
+@dataclass(frozen=True)
+class Architecture:
+    obs_dim: int
+    trunk_hidden: tuple[int, ...]
+    head_hidden: int
+    num_atoms: int
+    v_min: float
+    v_max: float
+    branch_actions: tuple[int, ...]
+
+    @classmethod
+    def from_proto(cls, arch: policy_pb2.Architecture) -> "Architecture":
+        return cls(
+            obs_dim=arch.obs_dim,
+            trunk_hidden=tuple(arch.trunk_hidden),
+            head_hidden=arch.head_hidden,
+            num_atoms=arch.num_atoms,
+            v_min=arch.v_min,
+            v_max=arch.v_max,
+            branch_actions=tuple(arch.branch_actions),
+        )
+
+    @property
+    def total_actions(self) -> int:
+        return sum(self.branch_actions)
+
+    def layer_shapes(self) -> list[tuple[int, int]]:
+        """(in, out) of every Linear layer in buffer order."""
+        shapes = []
+        width = self.obs_dim
+        for h in self.trunk_hidden:
+            shapes.append((width, h))
+            width = h
+        shapes.append((width, self.head_hidden))  # value hidden
+        shapes.append((self.head_hidden, self.num_atoms))  # value out
+        shapes.append((width, self.head_hidden))  # advantage hidden
+        shapes.append((self.head_hidden, self.total_actions * self.num_atoms))  # advantage out
+        return shapes
+
+    @property
+    def num_params(self) -> int:
+        return sum(i * o + o for i, o in self.layer_shapes())
+
+
+class Policy:
+    """One policy snapshot: Q-values, greedy and epsilon-greedy actions."""
+
+    def __init__(self, arch: Architecture, weights: np.ndarray, version: int = 0):
+        weights = np.asarray(weights, dtype=np.float32)
+        if weights.ndim != 1 or weights.size != arch.num_params:
+            raise ValueError(f"policy needs {arch.num_params} weights for {arch}, got {weights.size}")
+        if not arch.trunk_hidden or not arch.branch_actions or arch.num_atoms < 2:
+            raise ValueError(f"invalid architecture {arch}")
+        self.arch = arch
+        self.version = version
+        self._layers = []
+        offset = 0
+        for n_in, n_out in arch.layer_shapes():
+            w = weights[offset : offset + n_in * n_out].reshape(n_out, n_in).astype(np.float64)
+            offset += n_in * n_out
+            b = weights[offset : offset + n_out].astype(np.float64)
+            offset += n_out
+            self._layers.append((w, b))
+        self._atoms = arch.v_min + np.arange(arch.num_atoms, dtype=np.float64) * (
+            (arch.v_max - arch.v_min) / (arch.num_atoms - 1)
+        )
+
+    @classmethod
+    def from_proto(cls, policy: policy_pb2.Policy) -> "Policy":
+        return cls(
+            Architecture.from_proto(policy.architecture),
+            np.asarray(policy.weights, dtype=np.float32),
+            policy.version,
+        )
+
+    @property
+    def num_branches(self) -> int:
+        return len(self.arch.branch_actions)
+
+    def q_values(self, obs) -> np.ndarray:
+        """obs: (n, obs_dim) or (obs_dim,). Returns (n, total_actions) Q-values,
+        branches concatenated (float64)."""
+        x = np.asarray(obs, dtype=np.float64).reshape(-1, self.arch.obs_dim)
+        num_trunk = len(self.arch.trunk_hidden)
+
+        def linear(h, layer):
+            w, b = self._layers[layer]
+            return h @ w.T + b
+
+        for i in range(num_trunk):
+            x = np.maximum(linear(x, i), 0.0)
+        value = linear(np.maximum(linear(x, num_trunk), 0.0), num_trunk + 1)  # (n, atoms)
+        adv = linear(np.maximum(linear(x, num_trunk + 2), 0.0), num_trunk + 3)
+        adv = adv.reshape(x.shape[0], self.arch.total_actions, self.arch.num_atoms)
+        qs = []
+        start = 0
+        for k in self.arch.branch_actions:
+            a = adv[:, start : start + k, :]
+            logits = value[:, None, :] + a - a.mean(axis=1, keepdims=True)
+            logits -= logits.max(axis=2, keepdims=True)
+            p = np.exp(logits)
+            p /= p.sum(axis=2, keepdims=True)
+            qs.append(p @ self._atoms)
+            start += k
+        return np.concatenate(qs, axis=1)
+
+    def greedy(self, obs) -> np.ndarray:
+        """(n, num_branches) int32 argmax per branch (ties: lowest index)."""
+        q = self.q_values(obs)
+        out = np.empty((q.shape[0], self.num_branches), dtype=np.int32)
+        start = 0
+        for b, k in enumerate(self.arch.branch_actions):
+            out[:, b] = np.argmax(q[:, start : start + k], axis=1)
+            start += k
+        return out
+
+    def act(self, obs, epsilon: float, rng: np.random.Generator | None = None) -> np.ndarray:
+        """Epsilon-greedy per observation: with probability epsilon every
+        branch of that observation takes a uniform random action."""
+        rng = rng if rng is not None else np.random.default_rng()
+        actions = self.greedy(obs)
+        explore = rng.random(actions.shape[0]) < epsilon
+        if explore.any():
+            for b, k in enumerate(self.arch.branch_actions):
+                actions[explore, b] = rng.integers(0, k, size=int(explore.sum()))
+        return actions
+
+
+def _channel(server: str | grpc.Channel) -> grpc.Channel:
+    if isinstance(server, grpc.Channel):
+        return server
+    return grpc.insecure_channel(server)
+
+
+def fetch_policy(server: str | grpc.Channel, timeout: float = 30.0) -> Policy:
+    """GetPolicy once, waiting up to `timeout` seconds for the daemon."""
+    stub = policy_pb2_grpc.PolicyServiceStub(_channel(server))
+    return Policy.from_proto(stub.GetPolicy(policy_pb2.GetPolicyRequest(), timeout=timeout, wait_for_ready=True))
+
+
+class PolicyWatcher:
+    """The latest Policy of a daemon: GetPolicy at construction, then a
+    background thread follows WatchPolicy (reconnecting with backoff).
+    Use as a context manager or call close()."""
+
+    def __init__(self, server: str | grpc.Channel, timeout: float = 30.0, max_backoff_s: float = 2.0):
+        self._own_channel = not isinstance(server, grpc.Channel)
+        self._channel = _channel(server)
+        self._stub = policy_pb2_grpc.PolicyServiceStub(self._channel)
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._call = None
+        self._max_backoff_s = max_backoff_s
+        self._policy = Policy.from_proto(
+            self._stub.GetPolicy(policy_pb2.GetPolicyRequest(), timeout=timeout, wait_for_ready=True)
+        )
+        self._thread = threading.Thread(target=self._watch, name="qstream-policy-watch", daemon=True)
+        self._thread.start()
+
+    @property
+    def policy(self) -> Policy:
+        with self._lock:
+            return self._policy
+
+    @property
+    def version(self) -> int:
+        return self.policy.version
+
+    def act(self, obs, epsilon: float, rng: np.random.Generator | None = None) -> np.ndarray:
+        return self.policy.act(obs, epsilon, rng)
+
+    def _watch(self) -> None:
+        backoff = 0.1
+        while not self._closed.is_set():
+            with self._lock:
+                # Checked under the lock close() cancels under: no call escapes cancellation.
+                if self._closed.is_set():
+                    return
+                call = self._stub.WatchPolicy(policy_pb2.WatchPolicyRequest(after_version=self._policy.version))
+                self._call = call
+            try:
+                for message in call:
+                    policy = Policy.from_proto(message)
+                    with self._lock:
+                        if policy.version > self._policy.version:
+                            self._policy = policy
+                    backoff = 0.1
+            except grpc.RpcError:
+                pass
+            if self._closed.wait(backoff):
+                return
+            backoff = min(backoff * 2, self._max_backoff_s)
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            if self._call is not None:
+                self._call.cancel()
+        self._thread.join()
+        if self._own_channel:
+            self._channel.close()
+
+    def __enter__(self) -> "PolicyWatcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
