@@ -1,0 +1,134 @@
+"""ActorClient against a real qstreamd: acks, rejected batches, and a client
+killed mid-stream losing nothing that was acknowledged."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qstream import ActorClient, BatchRejected, nstep_batch, step_batch
+
+# CartPole-shaped; the learner never starts (min size = capacity), so the
+# replay holds exactly what was inserted.
+IDLE_CONFIG = """
+network { obs_dim: 4 trunk_hidden: 16 head_hidden: 8 num_atoms: 11 branch_actions: 2 }
+replay { capacity: 200000 }
+rate_limiter { min_size_to_sample: 200000 samples_per_insert: 1 }
+returns { n_step: 3 gamma: 0.99 }
+"""
+
+
+def good_steps(rng, n, env_id=0):
+    obs = rng.normal(size=(n, 4))
+    done = np.zeros(n, dtype=bool)
+    done[-1] = True  # closes the episode: every step's n-step transition is emitted
+    return dict(obs=obs, actions=rng.integers(0, 2, n), rewards=np.ones(n), next_obs=obs + 0.1, done=done,
+                env_ids=np.full(n, env_id))
+
+
+def test_step_batches_are_acknowledged_and_inserted(start_daemon):
+    d = start_daemon(IDLE_CONFIG)
+    rng = np.random.default_rng(0)
+    with ActorClient(d.grpc, batch_size=50) as c:
+        for _ in range(4):
+            c.add_steps(**good_steps(rng, 25))
+        c.flush()
+        stats = c.stats
+    assert stats.sent_transitions == 100
+    assert stats.acked_batches == stats.sent_batches == 2
+    assert stats.accepted_transitions == 100  # each episode ended: nothing waits in a window
+    st = d.status()
+    assert st.transitions_ingested == 100
+    assert st.replay_size == 100
+
+
+@pytest.mark.parametrize(
+    "field, corrupt",
+    [
+        ("rewards", lambda b: b.rewards.__setitem__(3, float("nan"))),
+        ("obs", lambda b: b.obs.pop()),
+        ("actions", lambda b: b.actions.__setitem__(0, 2)),
+        ("actions", lambda b: b.actions.__setitem__(1, -1)),
+    ],
+)
+def test_bad_batch_raises_batch_rejected_naming_field(start_daemon, field, corrupt):
+    d = start_daemon(IDLE_CONFIG)
+    rng = np.random.default_rng(1)
+    with ActorClient(d.grpc) as c:
+        bad = step_batch(**good_steps(rng, 10))
+        corrupt(bad)
+        c.send(bad)
+        with pytest.raises(BatchRejected) as e:
+            c.flush()
+        assert e.value.field == field
+        assert field in str(e.value)
+        assert e.value.message
+        # The stream keeps working after a rejected batch.
+        c.send(step_batch(**good_steps(rng, 10)))
+        c.flush()
+        assert c.stats.accepted_transitions == 10
+    st = d.status()
+    assert st.transitions_ingested == 10
+    assert st.batches_rejected >= 1
+
+
+def test_rejection_surfaces_on_next_send(start_daemon):
+    d = start_daemon(IDLE_CONFIG)
+    rng = np.random.default_rng(2)
+    c = ActorClient(d.grpc, max_in_flight=1)
+    bad = step_batch(**good_steps(rng, 5))
+    bad.rewards[0] = float("inf")
+    c.send(bad)
+    # With one batch in flight, the next send waits for the error ack and raises.
+    with pytest.raises(BatchRejected) as e:
+        c.send(step_batch(**good_steps(rng, 5)))
+    assert e.value.field == "rewards"
+    c.close()
+
+
+def test_killed_client_loses_nothing_acknowledged(start_daemon):
+    d = start_daemon(IDLE_CONFIG)
+    child = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("client_child.py")), d.grpc, "4"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    acked = sent = 0
+    try:
+        for line in child.stdout:
+            kind, value = line.split()
+            if kind == "ACKED":
+                acked = max(acked, int(value))
+            else:
+                sent = max(sent, int(value))
+            if acked >= 5000:
+                break
+        child.send_signal(signal.SIGKILL)
+        # Lines the child flushed before dying are still in the pipe.
+        for line in child.stdout:
+            kind, value = line.split()
+            if kind == "ACKED":
+                acked = max(acked, int(value))
+            else:
+                sent = max(sent, int(value))
+    finally:
+        child.kill()
+        child.wait()
+    assert acked >= 5000
+
+    # Wait until the daemon has settled what the dead stream delivered.
+    previous = -1
+    for _ in range(100):
+        st = d.status()
+        if st.transitions_ingested == previous and st.actor_streams == 0:
+            break
+        previous = st.transitions_ingested
+        time.sleep(0.2)
+    ingested = st.transitions_ingested
+    assert acked <= ingested <= sent
+    assert ingested % 100 == 0  # batches are inserted whole or not at all
+    assert st.replay_size == ingested
