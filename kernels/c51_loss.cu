@@ -1,0 +1,278 @@
+#include "kernels/c51_loss.h"
+
+#include "kernels/warp_reduce.cuh"
+
+namespace qstream::kernels {
+namespace {
+
+constexpr int kLossWarps = 4;
+constexpr int kAtomsPerLane = kMaxAtoms / 32;
+
+__device__ __forceinline__ float Atom(const HeadShape& h, int z) { return h.v_min + z * h.delta_z; }
+
+// shift[z] = V[z] - mean_a A[a][z] over the n actions starting at `first`.
+__device__ __forceinline__ void DuelingShift(const float* v_row, const float* a_row, int first, int n, int Z,
+                                             int lane, float shift[kAtomsPerLane]) {
+#pragma unroll
+  for (int k = 0; k < kAtomsPerLane; ++k) {
+    const int z = lane + 32 * k;
+    float s = 0.0f;
+    if (z < Z) {
+      for (int a = 0; a < n; ++a) s += a_row[(first + a) * Z + z];
+    }
+    shift[k] = z < Z ? v_row[z] - s / n : 0.0f;
+  }
+}
+
+// l[z] = A[z] + shift[z] (padding lanes -inf); returns the warp max.
+__device__ __forceinline__ float DuelingLogits(const float* a_act, const float* shift, int Z, int lane,
+                                               float l[kAtomsPerLane]) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kAtomsPerLane; ++k) {
+    const int z = lane + 32 * k;
+    l[k] = z < Z ? a_act[z] + shift[k] : -INFINITY;
+    mx = fmaxf(mx, l[k]);
+  }
+  return WarpMax(mx);
+}
+
+// Softmax of l in place; returns Q = sum_z p_z atom(z).
+__device__ __forceinline__ float SoftmaxQ(const HeadShape& h, float mx, int lane, float l[kAtomsPerLane]) {
+  const int Z = h.num_atoms;
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kAtomsPerLane; ++k) {
+    const int z = lane + 32 * k;
+    l[k] = z < Z ? expf(l[k] - mx) : 0.0f;
+    s += l[k];
+  }
+  s = WarpSum(s);
+  float q = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kAtomsPerLane; ++k) {
+    const int z = lane + 32 * k;
+    l[k] = l[k] / s;
+    if (z < Z) q += l[k] * Atom(h, z);
+  }
+  return WarpSum(q);
+}
+
+__global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) {
+  extern __shared__ float smem[];
+  const HeadShape& h = a.head;
+  const int Z = h.num_atoms;
+  const int NB = h.num_branches;
+  const int AZ = h.total_actions * Z;
+  const int b = blockIdx.x;
+  const int B = a.batch;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  float* sh_dl = smem;                         // NB x Z
+  float* sh_pt = sh_dl + NB * Z + warp * 2 * Z;  // Z: target probabilities
+  float* sh_bj = sh_pt + Z;                      // Z: projected positions
+  float* sh_stats = smem + NB * Z + kLossWarps * 2 * Z;  // 6 x NB
+  float* st_ce = sh_stats;
+  float* st_clip = st_ce + NB;
+  float* st_qmin = st_clip + NB;
+  float* st_qmax = st_qmin + NB;
+  float* st_qsum = st_qmax + NB;
+  float* st_bad = st_qsum + NB;
+
+  const float* v_s = a.online_v + int64_t{b} * Z;
+  const float* a_s = a.online_a + int64_t{b} * AZ;
+  const float* v_n = a.online_v + int64_t{B + b} * Z;
+  const float* a_n = a.online_a + int64_t{B + b} * AZ;
+  const float* v_t = a.target_v + int64_t{b} * Z;
+  const float* a_t = a.target_a + int64_t{b} * AZ;
+  const float reward = a.rewards[b];
+  const float discount = a.discounts[b];
+  const float coef = a.weights[b] / (static_cast<float>(B) * NB);
+
+  float shift[kAtomsPerLane];
+  float l[kAtomsPerLane];
+  for (int br = warp; br < NB; br += kLossWarps) {
+    const int first = h.branch_offset[br];
+    const int n = h.branch_offset[br + 1] - first;
+
+    // 5. Double DQN: a* = argmax_a Q_online(s') (ties: lowest a).
+    DuelingShift(v_n, a_n, first, n, Z, lane, shift);
+    float best = -INFINITY;
+    int a_star = 0;
+    for (int act = 0; act < n; ++act) {
+      const float mx = DuelingLogits(a_n + (first + act) * Z, shift, Z, lane, l);
+      const float q = SoftmaxQ(h, mx, lane, l);
+      if (q > best) {
+        best = q;
+        a_star = act;
+      }
+    }
+    // Target distribution p_target(s', a*).
+    DuelingShift(v_t, a_t, first, n, Z, lane, shift);
+    {
+      const float mx = DuelingLogits(a_t + (first + a_star) * Z, shift, Z, lane, l);
+      SoftmaxQ(h, mx, lane, l);
+    }
+    // 6. Projection of Tz = R + discount * z.
+    float clip = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kAtomsPerLane; ++k) {
+      const int j = lane + 32 * k;
+      if (j < Z) {
+        const float tz = reward + discount * Atom(h, j);
+        if (tz < h.v_min || tz > h.v_max) clip += l[k];
+        const float tzc = fminf(fmaxf(tz, h.v_min), h.v_max);
+        const float bj = fminf(fmaxf((tzc - h.v_min) / h.delta_z, 0.0f), static_cast<float>(Z - 1));
+        sh_pt[j] = l[k];
+        sh_bj[j] = bj;
+      }
+    }
+    clip = WarpSum(clip);
+    __syncwarp();
+    float m[kAtomsPerLane];
+#pragma unroll
+    for (int k = 0; k < kAtomsPerLane; ++k) {
+      const int i = lane + 32 * k;
+      float acc = 0.0f;
+      if (i < Z) {
+        for (int j = 0; j < Z; ++j) {
+          const float bj = sh_bj[j];
+          const float lo = floorf(bj);
+          const float hi = ceilf(bj);
+          const float pj = sh_pt[j];
+          if (lo == hi) {
+            if (static_cast<int>(lo) == i) acc += pj;
+          } else if (static_cast<int>(lo) == i) {
+            acc += pj * (hi - bj);
+          } else if (static_cast<int>(hi) == i) {
+            acc += pj * (bj - lo);
+          }
+        }
+      }
+      m[k] = acc;
+    }
+    __syncwarp();
+
+    // Q statistics of the online s row, every action of the branch.
+    DuelingShift(v_s, a_s, first, n, Z, lane, shift);
+    float qmin = INFINITY, qmax = -INFINITY, qsum = 0.0f, bad = 0.0f;
+    for (int act = 0; act < n; ++act) {
+      const float mx = DuelingLogits(a_s + (first + act) * Z, shift, Z, lane, l);
+      const float q = SoftmaxQ(h, mx, lane, l);
+      if (!isfinite(q)) bad = 1.0f;
+      qmin = fminf(qmin, q);
+      qmax = fmaxf(qmax, q);
+      qsum += q;
+    }
+    // 7. CE against log_softmax(l(s, a_br)) and its gradient.
+    int taken = a.actions[b * NB + br];
+    taken = taken < 0 ? 0 : (taken >= n ? n - 1 : taken);
+    const float mx = DuelingLogits(a_s + (first + taken) * Z, shift, Z, lane, l);
+    float se = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kAtomsPerLane; ++k) {
+      if (lane + 32 * k < Z) se += expf(l[k] - mx);
+    }
+    const float lse = mx + logf(WarpSum(se));
+    float mass = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kAtomsPerLane; ++k) mass += m[k];
+    mass = WarpSum(mass);
+    float ce = 0.0f;
+    float dl[kAtomsPerLane];
+#pragma unroll
+    for (int k = 0; k < kAtomsPerLane; ++k) {
+      const int z = lane + 32 * k;
+      dl[k] = 0.0f;
+      if (z < Z) {
+        const float logp = l[k] - lse;
+        ce -= m[k] * logp;
+        dl[k] = coef * (expf(logp) * mass - m[k]);
+        sh_dl[br * Z + z] = dl[k];
+      }
+    }
+    ce = WarpSum(ce);
+    for (int act = 0; act < n; ++act) {
+      float* out = a.da + int64_t{b} * AZ + (first + act) * Z;
+#pragma unroll
+      for (int k = 0; k < kAtomsPerLane; ++k) {
+        const int z = lane + 32 * k;
+        if (z < Z) out[z] = (act == taken ? dl[k] : 0.0f) - dl[k] / n;
+      }
+    }
+    if (lane == 0) {
+      st_ce[br] = ce;
+      st_clip[br] = clip;
+      st_qmin[br] = qmin;
+      st_qmax[br] = qmax;
+      st_qsum[br] = qsum;
+      st_bad[br] = bad;
+    }
+  }
+  __syncthreads();
+  for (int z = threadIdx.x; z < Z; z += blockDim.x) {
+    float s = 0.0f;
+    for (int br = 0; br < NB; ++br) s += sh_dl[br * Z + z];
+    a.dv[int64_t{b} * Z + z] = s;
+  }
+  if (threadIdx.x == 0) {
+    float ce = 0.0f, clip = 0.0f, qmin = INFINITY, qmax = -INFINITY, qsum = 0.0f, bad = 0.0f;
+    for (int br = 0; br < NB; ++br) {
+      ce += st_ce[br];
+      clip += st_clip[br];
+      qmin = fminf(qmin, st_qmin[br]);
+      qmax = fmaxf(qmax, st_qmax[br]);
+      qsum += st_qsum[br];
+      bad = fmaxf(bad, st_bad[br]);
+    }
+    a.ce[b] = ce / NB;
+    a.clip_mass[b] = clip;
+    a.q_min[b] = qmin;
+    a.q_max[b] = qmax;
+    a.q_sum[b] = qsum;
+    a.q_bad[b] = bad > 0.0f ? 1 : 0;
+  }
+}
+
+__global__ void __launch_bounds__(kLossWarps * 32)
+    QValuesKernel(HeadShape h, const float* __restrict__ v, const float* __restrict__ adv, float* __restrict__ q) {
+  const int Z = h.num_atoms;
+  const int AZ = h.total_actions * Z;
+  const int r = blockIdx.x;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const float* v_row = v + int64_t{r} * Z;
+  const float* a_row = adv + int64_t{r} * AZ;
+  float shift[kAtomsPerLane];
+  float l[kAtomsPerLane];
+  for (int br = warp; br < h.num_branches; br += kLossWarps) {
+    const int first = h.branch_offset[br];
+    const int n = h.branch_offset[br + 1] - first;
+    DuelingShift(v_row, a_row, first, n, Z, lane, shift);
+    for (int act = 0; act < n; ++act) {
+      const float mx = DuelingLogits(a_row + (first + act) * Z, shift, Z, lane, l);
+      const float value = SoftmaxQ(h, mx, lane, l);
+      if (lane == 0) q[int64_t{r} * h.total_actions + first + act] = value;
+    }
+  }
+}
+
+}  // namespace
+
+size_t C51LossSharedBytes(const HeadShape& h) {
+  return sizeof(float) * (static_cast<size_t>(h.num_branches) * h.num_atoms + kLossWarps * 2 * h.num_atoms +
+                          6 * static_cast<size_t>(h.num_branches));
+}
+
+cudaError_t LaunchC51Loss(const C51LossArgs& a, cudaStream_t stream) {
+  C51LossKernel<<<a.batch, kLossWarps * 32, C51LossSharedBytes(a.head), stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchQValues(const HeadShape& head, const float* v, const float* a, int rows, float* q,
+                          cudaStream_t stream) {
+  QValuesKernel<<<rows, kLossWarps * 32, 0, stream>>>(head, v, a, q);
+  return cudaGetLastError();
+}
+
+}  // namespace qstream::kernels

@@ -1,0 +1,60 @@
+// The distributional head of the learner step (backend.h contract, steps
+// 4-7), fused: dueling combine at the logit level, softmax over atoms,
+// double-DQN argmax on the online s' logits, target distribution at a*,
+// categorical projection, cross-entropy against log_softmax(l(s, a)),
+// the gradient of the batch loss w.r.t. the online V and A outputs, and the
+// Q statistics of the online s rows. Log-probs stay in fp32 registers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/views.h"
+
+namespace qstream::kernels {
+
+// Most atoms the fused kernels hold in registers (8 per lane).
+inline constexpr int kMaxAtoms = 256;
+
+struct C51LossArgs {
+  HeadShape head;
+  int batch = 0;
+  const float* online_v = nullptr;  // 2B x Z: rows [0,B) on s, [B,2B) on s'
+  const float* online_a = nullptr;  // 2B x (total_actions * Z), [branch][action][atom]
+  const float* target_v = nullptr;  // B x Z on s'
+  const float* target_a = nullptr;  // B x (total_actions * Z) on s'
+  const int32_t* actions = nullptr; // B x num_branches
+  const float* rewards = nullptr;   // B
+  const float* discounts = nullptr; // B
+  const float* weights = nullptr;   // B, IS weights
+  float* dv = nullptr;        // B x Z: d loss / d V(s), written
+  float* da = nullptr;        // B x (total_actions * Z): d loss / d A(s), written
+  float* ce = nullptr;        // B: CE_b averaged over branches, written
+  float* clip_mass = nullptr; // B: target mass outside the support, summed over branches
+  float* q_min = nullptr;     // B: over the total_actions Q_online(s)
+  float* q_max = nullptr;     // B
+  float* q_sum = nullptr;     // B
+  int32_t* q_bad = nullptr;   // B: 1 when some Q_online(s) is non-finite
+};
+
+// Dynamic shared memory the loss kernel needs; the backend checks it at set-up.
+size_t C51LossSharedBytes(const HeadShape& head);
+
+// Grid: one block per sample b, 4 warps; warp w takes branches w, w+4, ...
+// and lane l atoms l, l+32, ... (registers). Per branch the warp writes
+// da[b][branch actions][*] and its d logit to shared memory; after a barrier
+// the block sums the branches in order into dv[b][*] and thread 0 alone
+// writes ce/clip/q stats of sample b. Projection as a gather: target atom i
+// sums p_j * weight(i, j) over source atoms j in order, so no scatter races.
+// Gradient: d loss / d l(s, a_br)[z] = w_b / (B * branches) * (p_z sum(m) - m_z).
+cudaError_t LaunchC51Loss(const C51LossArgs& args, cudaStream_t stream);
+
+// Q-values of the online network: q[r][a] = sum_z softmax(l[a])[z] * atom(z)
+// for n rows of V (n x Z) and A (n x total_actions*Z). One block per row,
+// a warp per branch, lane 0 writes q[r][branch actions].
+cudaError_t LaunchQValues(const HeadShape& head, const float* v, const float* a, int rows, float* q,
+                          cudaStream_t stream);
+
+}  // namespace qstream::kernels

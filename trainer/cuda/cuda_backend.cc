@@ -1,0 +1,644 @@
+#include "trainer/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/bias_act.h"
+#include "kernels/c51_loss.h"
+#include "kernels/optimizer.h"
+#include "kernels/per_sample.h"
+#include "kernels/views.h"
+#include "trainer/config.h"
+#include "trainer/cuda/cuda_status.h"
+#include "trainer/cuda/device_memory.h"
+#include "trainer/cuda/device_replay.h"
+#include "trainer/cuda/gemm.h"
+
+namespace qstream {
+namespace {
+
+using cuda::DeviceBuffer;
+using cuda::Event;
+using cuda::PinnedBuffer;
+
+// |Q| may exceed the support bound by float rounding of sum_z p_z z (as the CPU backend).
+constexpr double kSupportBoundSlack = 1e-4;
+// Pinned copies of the device statistics in flight at once.
+constexpr int kStatsSlots = 4;
+// Step-time windows (event pairs) that may wait for DrainStepTimes.
+constexpr int kTimingWindows = 64;
+// Default shared memory a block may use without opting in.
+constexpr size_t kSharedBytesLimit = 48 * 1024;
+
+// Outputs of one network pass, row-major [rows][features].
+struct Activations {
+  int rows = 0;
+  std::vector<DeviceBuffer<float>> trunk;
+  DeviceBuffer<float> value_hidden, value, adv_hidden, adv;
+
+  absl::Status Allocate(const NetworkSpec& spec, int n) {
+    rows = n;
+    trunk.resize(spec.trunk.size());
+    for (size_t k = 0; k < spec.trunk.size(); ++k) {
+      if (auto s = trunk[k].Allocate(size_t(n) * spec.trunk[k].out); !s.ok()) return s;
+    }
+    if (auto s = value_hidden.Allocate(size_t(n) * spec.head_hidden); !s.ok()) return s;
+    if (auto s = value.Allocate(size_t(n) * spec.num_atoms); !s.ok()) return s;
+    if (auto s = adv_hidden.Allocate(size_t(n) * spec.head_hidden); !s.ok()) return s;
+    return adv.Allocate(size_t(n) * spec.adv_out.out);
+  }
+};
+
+#define QS_RETURN_IF_ERROR(expr)            \
+  do {                                      \
+    ::absl::Status qs_status_ = (expr);     \
+    if (!qs_status_.ok()) return qs_status_; \
+  } while (0)
+
+class CudaBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<Backend>> Create(const v1::TrainerConfig& config);
+
+  std::string name() const override { return "cuda"; }
+  std::string device() const override { return device_name_; }
+  const NetworkSpec& spec() const override { return spec_; }
+
+  absl::Status Insert(const TransitionColumns& batch) override {
+    absl::MutexLock lock(&mu_);
+    // An upload between replays is not step time: the window ends before it.
+    QS_RETURN_IF_ERROR(CloseWindow());
+    return replay_->Insert(batch);
+  }
+  int64_t replay_size() const override {
+    absl::MutexLock lock(&mu_);
+    return replay_->size();
+  }
+  int64_t replay_capacity() const override { return config_.replay().capacity(); }
+
+  absl::Status Step() override;
+  int64_t steps() const override {
+    absl::MutexLock lock(&mu_);
+    return steps_;
+  }
+
+  StepStats last_stats() override {
+    absl::MutexLock lock(&mu_);
+    HarvestStats();
+    return latest_stats_;
+  }
+  std::vector<int64_t> guard_trips() override {
+    absl::MutexLock lock(&mu_);
+    HarvestStats();
+    return latest_trips_;
+  }
+  void DrainStepTimes(std::vector<std::pair<double, int64_t>>* out) override;
+
+  std::vector<float> GetParams() override;
+  absl::Status SetParams(const std::vector<float>& params) override;
+  absl::Status ComputeQ(const float* obs, int64_t n, std::vector<float>* q) override;
+
+ private:
+  CudaBackend(const v1::TrainerConfig& config, NetworkSpec spec);
+  absl::Status Init();
+  absl::Status CaptureStep();
+  // The learner step, one line per stage of DESIGN.md; enqueued once into the graph.
+  absl::Status EnqueueStep();
+  absl::Status EnqueueForward(const float* params, const float* x, Activations* acts);
+  absl::Status EnqueueBackward();
+  absl::Status EnqueueStatsCopy() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HarvestStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status OpenWindow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CloseWindow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const v1::TrainerConfig config_;
+  const NetworkSpec spec_;
+  const int B_;
+  const int stats_every_;
+  kernels::HeadShape head_;
+  std::string device_name_;
+
+  mutable absl::Mutex mu_;
+  cuda::Stream stream_;
+  cuda::Gemm gemm_;
+  DeviceBuffer<kernels::DeviceState> state_;
+  std::unique_ptr<cuda::DeviceReplay> replay_;
+
+  // One flat buffer each, layout of NetworkSpec.
+  DeviceBuffer<float> params_, grads_, adam_m_, adam_v_, target_;
+
+  // Sampled batch: x holds s in rows [0, B) and s' in rows [B, 2B).
+  DeviceBuffer<int32_t> indices_, actions_, q_bad_;
+  DeviceBuffer<float> weights_, x_, rewards_, discounts_;
+  Activations online_;  // 2B rows
+  Activations target_acts_;  // B rows (s')
+  // Backward: gradients of the online s rows.
+  DeviceBuffer<float> d_value_, d_adv_, d_value_hidden_, d_adv_hidden_;
+  std::vector<DeviceBuffer<float>> d_trunk_;
+  // Per-sample loss outputs and reductions.
+  DeviceBuffer<float> ce_, clip_mass_, q_min_, q_max_, q_sum_, norm_partials_;
+  DeviceBuffer<uint64_t> fixed_priorities_, prefix_;
+  DeviceBuffer<char> scan_temp_;
+  int fixed_shift_ = 0;
+  DeviceBuffer<float> q_values_;  // 2B x total_actions, ComputeQ
+
+  cuda::Graph graph_;
+  cuda::GraphExec exec_;
+
+  int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+
+  // Statistics: device state copied to pinned slots every stats_every steps.
+  PinnedBuffer<kernels::DeviceState> stats_host_;
+  std::vector<Event> stats_copied_;
+  std::vector<int64_t> stats_seq_ ABSL_GUARDED_BY(mu_);
+  int next_stats_slot_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t latest_seq_ ABSL_GUARDED_BY(mu_) = -1;
+  StepStats latest_stats_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> latest_trips_ ABSL_GUARDED_BY(mu_);
+
+  // Step-time windows: event pairs around runs of graph replays.
+  struct Window {
+    Event start, end;
+    int64_t steps = 0;
+  };
+  std::vector<Window> windows_;
+  std::deque<int> free_windows_ ABSL_GUARDED_BY(mu_);
+  std::deque<int> pending_windows_ ABSL_GUARDED_BY(mu_);
+  int open_window_ ABSL_GUARDED_BY(mu_) = -1;
+};
+
+CudaBackend::CudaBackend(const v1::TrainerConfig& config, NetworkSpec spec)
+    : config_(config),
+      spec_(std::move(spec)),
+      B_(config.replay().batch_size()),
+      stats_every_(std::max(1, config.server().stats_every())),
+      latest_trips_(kNumGuardReasons, 0) {
+  head_.num_atoms = spec_.num_atoms;
+  head_.num_branches = spec_.num_branches();
+  head_.total_actions = spec_.total_actions();
+  head_.v_min = spec_.v_min;
+  head_.v_max = spec_.v_max;
+  head_.delta_z = spec_.delta_z();
+  for (int br = 0; br <= spec_.num_branches(); ++br) head_.branch_offset[br] = spec_.branch_offset(br);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const v1::TrainerConfig& config) {
+  QS_RETURN_IF_ERROR(ValidateConfig(config));
+  auto spec = NetworkSpec::Create(config.network());
+  if (!spec.ok()) return spec.status();
+  if (spec->num_atoms > kernels::kMaxAtoms) {
+    return absl::UnimplementedError(
+        absl::StrCat("network.num_atoms: the CUDA backend supports at most ", kernels::kMaxAtoms));
+  }
+  if (spec->num_branches() > kernels::kMaxBranches) {
+    return absl::UnimplementedError(
+        absl::StrCat("network.branch_actions: the CUDA backend supports at most ", kernels::kMaxBranches, " branches"));
+  }
+  std::unique_ptr<CudaBackend> b(new CudaBackend(config, *std::move(spec)));
+  QS_RETURN_IF_ERROR(b->Init());
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+absl::Status CudaBackend::Init() {
+  const int B = B_;
+  if (B < 1) return absl::InvalidArgumentError("replay.batch_size: must be >= 1");
+  if (kernels::C51LossSharedBytes(head_) > kSharedBytesLimit || sizeof(int32_t) * size_t(B) > kSharedBytesLimit) {
+    return absl::UnimplementedError("network/batch too large for the CUDA loss kernels' shared memory");
+  }
+  int dev = 0;
+  QS_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  QS_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  device_name_ = prop.name;
+
+  QS_RETURN_IF_ERROR(cuda::CreateStream(&stream_));
+  QS_RETURN_IF_ERROR(gemm_.Init(stream_.get(), config_.allow_tf32()));
+  QS_RETURN_IF_ERROR(state_.Allocate(1));
+  const kernels::DeviceState initial;
+  QS_CUDA_CHECK(cudaMemcpy(state_.get(), &initial, sizeof(initial), cudaMemcpyHostToDevice));
+
+  const int64_t capacity = config_.replay().capacity();
+  auto replay = cuda::DeviceReplay::Create(spec_, capacity, config_.server().max_batch_transitions(), stream_.get(),
+                                           state_.get());
+  if (!replay.ok()) return replay.status();
+  replay_ = *std::move(replay);
+
+  const size_t n = spec_.num_params;
+  for (auto* buf : {&params_, &grads_, &adam_m_, &adam_v_, &target_}) QS_RETURN_IF_ERROR(buf->Allocate(n));
+  const std::vector<float> init = InitParams(spec_, config_.seed());
+  QS_CUDA_CHECK(cudaMemcpy(params_.get(), init.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  QS_CUDA_CHECK(cudaMemcpy(target_.get(), init.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+
+  const int Z = spec_.num_atoms;
+  const int NB = spec_.num_branches();
+  const int AZ = spec_.adv_out.out;
+  QS_RETURN_IF_ERROR(indices_.Allocate(B));
+  QS_RETURN_IF_ERROR(actions_.Allocate(size_t(B) * NB));
+  QS_RETURN_IF_ERROR(q_bad_.Allocate(B));
+  for (auto* buf : {&weights_, &rewards_, &discounts_, &ce_, &clip_mass_, &q_min_, &q_max_, &q_sum_}) {
+    QS_RETURN_IF_ERROR(buf->Allocate(B));
+  }
+  QS_RETURN_IF_ERROR(x_.Allocate(size_t(2 * B) * spec_.obs_dim));
+  QS_RETURN_IF_ERROR(online_.Allocate(spec_, 2 * B));
+  QS_RETURN_IF_ERROR(target_acts_.Allocate(spec_, B));
+  QS_RETURN_IF_ERROR(d_value_.Allocate(size_t(B) * Z));
+  QS_RETURN_IF_ERROR(d_adv_.Allocate(size_t(B) * AZ));
+  QS_RETURN_IF_ERROR(d_value_hidden_.Allocate(size_t(B) * spec_.head_hidden));
+  QS_RETURN_IF_ERROR(d_adv_hidden_.Allocate(size_t(B) * spec_.head_hidden));
+  d_trunk_.resize(spec_.trunk.size());
+  for (size_t k = 0; k < spec_.trunk.size(); ++k) QS_RETURN_IF_ERROR(d_trunk_[k].Allocate(size_t(B) * spec_.trunk[k].out));
+  QS_RETURN_IF_ERROR(norm_partials_.Allocate(kernels::kNormBlocks));
+  QS_RETURN_IF_ERROR(fixed_priorities_.Allocate(capacity));
+  QS_RETURN_IF_ERROR(prefix_.Allocate(capacity));
+  size_t temp_bytes = 0;
+  QS_CUDA_CHECK(kernels::PriorityScanTempBytes(capacity, &temp_bytes));
+  QS_RETURN_IF_ERROR(scan_temp_.Allocate(std::max<size_t>(temp_bytes, 1)));
+  fixed_shift_ = kernels::FixedPointShift(capacity);
+  QS_RETURN_IF_ERROR(q_values_.Allocate(size_t(2 * B) * spec_.total_actions()));
+
+  QS_RETURN_IF_ERROR(stats_host_.Allocate(kStatsSlots));
+  stats_copied_.resize(kStatsSlots);
+  for (Event& e : stats_copied_) QS_RETURN_IF_ERROR(cuda::CreateEvent(&e, /*timing=*/false));
+  stats_seq_.assign(kStatsSlots, -1);
+  windows_.resize(kTimingWindows);
+  for (int i = 0; i < kTimingWindows; ++i) {
+    QS_RETURN_IF_ERROR(cuda::CreateEvent(&windows_[i].start, /*timing=*/true));
+    QS_RETURN_IF_ERROR(cuda::CreateEvent(&windows_[i].end, /*timing=*/true));
+    free_windows_.push_back(i);
+  }
+
+  // cuBLAS picks and loads its kernels on first use; do that outside capture
+  // (on zero-filled buffers, so nothing observable changes).
+  QS_RETURN_IF_ERROR(EnqueueForward(params_.get(), x_.get(), &online_));
+  QS_RETURN_IF_ERROR(EnqueueForward(target_.get(), x_.get() + size_t(B) * spec_.obs_dim, &target_acts_));
+  QS_RETURN_IF_ERROR(EnqueueBackward());
+  QS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  return CaptureStep();
+}
+
+absl::Status CudaBackend::CaptureStep() {
+  QS_CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+  const absl::Status enqueued = EnqueueStep();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream_.get(), &graph);
+  graph_.Reset(graph);
+  QS_RETURN_IF_ERROR(enqueued);
+  QS_CUDA_CHECK(ended);
+  cudaGraphExec_t exec = nullptr;
+  QS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph_.get(), 0));
+  exec_.Reset(exec);
+  QS_CUDA_CHECK(cudaGraphUpload(exec_.get(), stream_.get()));
+  QS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::EnqueueStep() {
+  cudaStream_t s = stream_.get();
+  const int B = B_;
+  const auto& rep = config_.replay();
+  const auto& opt = config_.optimizer();
+  const kernels::ReplayColumns replay = replay_->columns();
+
+  // 1. Sample B slots stratified over the priority prefix sums; IS weights.
+  kernels::PrioritySampleArgs sample;
+  sample.priorities = replay.priorities;
+  sample.fixed = fixed_priorities_.get();
+  sample.prefix = prefix_.get();
+  sample.scan_temp = scan_temp_.get();
+  sample.scan_temp_bytes = scan_temp_.bytes();
+  sample.capacity = replay.capacity;
+  sample.fixed_shift = fixed_shift_;
+  sample.state = state_.get();
+  sample.seed = config_.seed();
+  sample.batch = B;
+  sample.beta_start = rep.beta_start();
+  sample.beta_end = rep.beta_end();
+  sample.beta_anneal_steps = rep.beta_anneal_steps();
+  sample.indices = indices_.get();
+  sample.weights = weights_.get();
+  QS_CUDA_CHECK(kernels::LaunchPrioritySample(sample, s));
+
+  // 2. Gather s, a, R, discount, s'.
+  kernels::GatherArgs gather;
+  gather.replay = replay;
+  gather.indices = indices_.get();
+  gather.batch = B;
+  gather.obs = x_.get();
+  gather.next_obs = x_.get() + size_t(B) * spec_.obs_dim;
+  gather.actions = actions_.get();
+  gather.rewards = rewards_.get();
+  gather.discounts = discounts_.get();
+  QS_CUDA_CHECK(kernels::LaunchGather(gather, s));
+
+  // 3. Online forward on [s; s'] (2B rows), target forward on s'.
+  QS_RETURN_IF_ERROR(EnqueueForward(params_.get(), x_.get(), &online_));
+  QS_RETURN_IF_ERROR(EnqueueForward(target_.get(), gather.next_obs, &target_acts_));
+
+  // 4-7. Dueling softmax, double DQN, projection, CE, d logits, Q stats.
+  kernels::C51LossArgs loss;
+  loss.head = head_;
+  loss.batch = B;
+  loss.online_v = online_.value.get();
+  loss.online_a = online_.adv.get();
+  loss.target_v = target_acts_.value.get();
+  loss.target_a = target_acts_.adv.get();
+  loss.actions = actions_.get();
+  loss.rewards = rewards_.get();
+  loss.discounts = discounts_.get();
+  loss.weights = weights_.get();
+  loss.dv = d_value_.get();
+  loss.da = d_adv_.get();
+  loss.ce = ce_.get();
+  loss.clip_mass = clip_mass_.get();
+  loss.q_min = q_min_.get();
+  loss.q_max = q_max_.get();
+  loss.q_sum = q_sum_.get();
+  loss.q_bad = q_bad_.get();
+  QS_CUDA_CHECK(kernels::LaunchC51Loss(loss, s));
+
+  // 8. Backward through heads and trunk into the flat gradient buffer.
+  QS_RETURN_IF_ERROR(EnqueueBackward());
+
+  // 9. Global grad norm, guard, statistics.
+  QS_CUDA_CHECK(kernels::LaunchGradSumSquares(grads_.get(), spec_.num_params, norm_partials_.get(), s));
+  kernels::FinalizeArgs fin;
+  fin.norm_partials = norm_partials_.get();
+  fin.ce = ce_.get();
+  fin.weights = weights_.get();
+  fin.clip_mass = clip_mass_.get();
+  fin.q_min = q_min_.get();
+  fin.q_max = q_max_.get();
+  fin.q_sum = q_sum_.get();
+  fin.q_bad = q_bad_.get();
+  fin.batch = B;
+  fin.num_branches = spec_.num_branches();
+  fin.total_actions = spec_.total_actions();
+  fin.max_grad_norm = config_.guard().max_grad_norm();
+  fin.q_bound = config_.guard().max_abs_q() > 0
+                    ? config_.guard().max_abs_q()
+                    : static_cast<float>(std::max(std::fabs(spec_.v_min), std::fabs(spec_.v_max)) *
+                                         (1.0 + kSupportBoundSlack));
+  fin.clip_grad_norm = opt.clip_grad_norm();
+  fin.beta1 = opt.beta1();
+  fin.beta2 = opt.beta2();
+  fin.state = state_.get();
+  QS_CUDA_CHECK(kernels::LaunchFinalize(fin, s));
+
+  // 10. Clip + Adam (skipped on a trip) and the target update, one pass.
+  kernels::AdamArgs adam;
+  adam.params = params_.get();
+  adam.grads = grads_.get();
+  adam.m = adam_m_.get();
+  adam.v = adam_v_.get();
+  adam.target = target_.get();
+  adam.n = spec_.num_params;
+  adam.lr = opt.lr();
+  adam.beta1 = opt.beta1();
+  adam.beta2 = opt.beta2();
+  adam.epsilon = opt.epsilon();
+  adam.tau = opt.target_tau();
+  adam.target_period = opt.target_update_period();
+  adam.state = state_.get();
+  QS_CUDA_CHECK(kernels::LaunchAdamTarget(adam, s));
+
+  // 11. New priorities (skipped on a trip), max priority, t += 1.
+  kernels::PriorityWriteArgs prio;
+  prio.priorities = replay.priorities;
+  prio.indices = indices_.get();
+  prio.ce = ce_.get();
+  prio.batch = B;
+  prio.epsilon = rep.priority_epsilon();
+  prio.alpha = rep.alpha();
+  prio.state = state_.get();
+  QS_CUDA_CHECK(kernels::LaunchPriorityWriteBack(prio, s));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::EnqueueForward(const float* params, const float* x, Activations* acts) {
+  cudaStream_t s = stream_.get();
+  const int rows = acts->rows;
+  auto linear = [&](const LinearView& l, const float* in, float* out, bool relu) -> absl::Status {
+    QS_RETURN_IF_ERROR(gemm_.Forward(in, params + l.w_offset, rows, l.in, l.out, out));
+    QS_CUDA_CHECK(kernels::LaunchBiasActivation({out, rows, l.out}, params + l.b_offset, relu, s));
+    return absl::OkStatus();
+  };
+  const float* in = x;
+  for (size_t k = 0; k < spec_.trunk.size(); ++k) {
+    QS_RETURN_IF_ERROR(linear(spec_.trunk[k], in, acts->trunk[k].get(), true));
+    in = acts->trunk[k].get();
+  }
+  QS_RETURN_IF_ERROR(linear(spec_.value_hidden, in, acts->value_hidden.get(), true));
+  QS_RETURN_IF_ERROR(linear(spec_.value_out, acts->value_hidden.get(), acts->value.get(), false));
+  QS_RETURN_IF_ERROR(linear(spec_.adv_hidden, in, acts->adv_hidden.get(), true));
+  return linear(spec_.adv_out, acts->adv_hidden.get(), acts->adv.get(), false);
+}
+
+// Gradients of the online s rows (the first B rows of every activation).
+// For each layer: mask dY by the ReLU output and reduce the bias gradient,
+// dW = dY^T X, then dX = dY W for the layer below.
+absl::Status CudaBackend::EnqueueBackward() {
+  cudaStream_t s = stream_.get();
+  const int B = B_;
+  float* g = grads_.get();
+  const float* p = params_.get();
+  const int k_last = static_cast<int>(spec_.trunk.size()) - 1;
+  const float* trunk_out = online_.trunk[k_last].get();
+  auto head = [&](const LinearView& out_layer, const LinearView& hidden_layer, float* d_out, float* d_hidden,
+                  const float* hidden_act) -> absl::Status {
+    QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_out, B, out_layer.out}, nullptr,
+                                                            g + out_layer.b_offset, s));
+    QS_RETURN_IF_ERROR(gemm_.BackwardWeight(d_out, hidden_act, B, out_layer.in, out_layer.out, g + out_layer.w_offset));
+    QS_RETURN_IF_ERROR(gemm_.BackwardData(d_out, p + out_layer.w_offset, B, out_layer.in, out_layer.out, d_hidden, 0.0f));
+    QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_hidden, B, hidden_layer.out}, hidden_act,
+                                                            g + hidden_layer.b_offset, s));
+    return gemm_.BackwardWeight(d_hidden, trunk_out, B, hidden_layer.in, hidden_layer.out, g + hidden_layer.w_offset);
+  };
+  QS_RETURN_IF_ERROR(head(spec_.adv_out, spec_.adv_hidden, d_adv_.get(), d_adv_hidden_.get(), online_.adv_hidden.get()));
+  QS_RETURN_IF_ERROR(
+      head(spec_.value_out, spec_.value_hidden, d_value_.get(), d_value_hidden_.get(), online_.value_hidden.get()));
+  // d trunk_out = dAH W_ah + dVH W_vh.
+  float* d_top = d_trunk_[k_last].get();
+  const LinearView& ah = spec_.adv_hidden;
+  const LinearView& vh = spec_.value_hidden;
+  QS_RETURN_IF_ERROR(gemm_.BackwardData(d_adv_hidden_.get(), p + ah.w_offset, B, ah.in, ah.out, d_top, 0.0f));
+  QS_RETURN_IF_ERROR(gemm_.BackwardData(d_value_hidden_.get(), p + vh.w_offset, B, vh.in, vh.out, d_top, 1.0f));
+  for (int k = k_last; k >= 0; --k) {
+    const LinearView& l = spec_.trunk[k];
+    float* dy = d_trunk_[k].get();
+    QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({dy, B, l.out}, online_.trunk[k].get(), g + l.b_offset, s));
+    const float* x = k > 0 ? online_.trunk[k - 1].get() : x_.get();
+    QS_RETURN_IF_ERROR(gemm_.BackwardWeight(dy, x, B, l.in, l.out, g + l.w_offset));
+    if (k > 0) QS_RETURN_IF_ERROR(gemm_.BackwardData(dy, p + l.w_offset, B, l.in, l.out, d_trunk_[k - 1].get(), 0.0f));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Step() {
+  absl::MutexLock lock(&mu_);
+  if (!error_.ok()) return error_;
+  if (replay_->size() == 0) return absl::FailedPreconditionError("cuda backend: replay is empty");
+  QS_RETURN_IF_ERROR(OpenWindow());
+  QS_CUDA_CHECK(cudaGraphLaunch(exec_.get(), stream_.get()));
+  ++steps_;
+  if (open_window_ >= 0) ++windows_[open_window_].steps;
+  if (steps_ % stats_every_ == 0) {
+    QS_RETURN_IF_ERROR(EnqueueStatsCopy());
+    QS_RETURN_IF_ERROR(CloseWindow());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::OpenWindow() {
+  if (open_window_ >= 0 || free_windows_.empty()) return absl::OkStatus();
+  open_window_ = free_windows_.front();
+  free_windows_.pop_front();
+  windows_[open_window_].steps = 0;
+  QS_CUDA_CHECK(cudaEventRecord(windows_[open_window_].start.get(), stream_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CloseWindow() {
+  if (open_window_ < 0) return absl::OkStatus();
+  const int w = open_window_;
+  open_window_ = -1;
+  if (windows_[w].steps == 0) {
+    free_windows_.push_back(w);
+    return absl::OkStatus();
+  }
+  QS_CUDA_CHECK(cudaEventRecord(windows_[w].end.get(), stream_.get()));
+  pending_windows_.push_back(w);
+  return absl::OkStatus();
+}
+
+void CudaBackend::DrainStepTimes(std::vector<std::pair<double, int64_t>>* out) {
+  absl::MutexLock lock(&mu_);
+  while (!pending_windows_.empty()) {
+    const int w = pending_windows_.front();
+    const cudaError_t q = cudaEventQuery(windows_[w].end.get());
+    if (q == cudaErrorNotReady) break;
+    pending_windows_.pop_front();
+    free_windows_.push_back(w);
+    float ms = 0;
+    if (q != cudaSuccess || cudaEventElapsedTime(&ms, windows_[w].start.get(), windows_[w].end.get()) != cudaSuccess) {
+      if (error_.ok()) error_ = cuda::ToStatus(q, "step time event", __FILE__, __LINE__);
+      continue;
+    }
+    out->emplace_back(ms * 1e-3 / windows_[w].steps, windows_[w].steps);
+  }
+}
+
+absl::Status CudaBackend::EnqueueStatsCopy() {
+  const int slot = next_stats_slot_;
+  next_stats_slot_ = (slot + 1) % kStatsSlots;
+  HarvestStats();  // keeps the slot's previous copy if nobody read it yet
+  QS_CUDA_CHECK(cudaMemcpyAsync(stats_host_.get() + slot, state_.get(), sizeof(kernels::DeviceState),
+                                cudaMemcpyDeviceToHost, stream_.get()));
+  QS_CUDA_CHECK(cudaEventRecord(stats_copied_[slot].get(), stream_.get()));
+  stats_seq_[slot] = steps_;
+  return absl::OkStatus();
+}
+
+void CudaBackend::HarvestStats() {
+  int best = -1;
+  for (int slot = 0; slot < kStatsSlots; ++slot) {
+    if (stats_seq_[slot] <= latest_seq_) continue;
+    const cudaError_t q = cudaEventQuery(stats_copied_[slot].get());
+    if (q == cudaErrorNotReady) continue;
+    if (q != cudaSuccess) {
+      if (error_.ok()) error_ = cuda::ToStatus(q, "stats copy event", __FILE__, __LINE__);
+      continue;
+    }
+    if (best < 0 || stats_seq_[slot] > stats_seq_[best]) best = slot;
+  }
+  if (best < 0) return;
+  latest_seq_ = stats_seq_[best];
+  const kernels::DeviceState& d = stats_host_.get()[best];
+  latest_stats_.step = d.stats.step;
+  latest_stats_.loss = d.stats.loss;
+  latest_stats_.grad_norm = d.stats.grad_norm;
+  latest_stats_.q_min = d.stats.q_min;
+  latest_stats_.q_mean = d.stats.q_mean;
+  latest_stats_.q_max = d.stats.q_max;
+  latest_stats_.target_clip_fraction = d.stats.target_clip_fraction;
+  latest_stats_.guard = static_cast<GuardReason>(d.stats.guard);
+  for (int r = 0; r < kNumGuardReasons; ++r) latest_trips_[r] = d.guard_trips[r];
+}
+
+std::vector<float> CudaBackend::GetParams() {
+  absl::MutexLock lock(&mu_);
+  std::vector<float> out(spec_.num_params);
+  if (cudaMemcpyAsync(out.data(), params_.get(), out.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                      stream_.get()) != cudaSuccess ||
+      cudaStreamSynchronize(stream_.get()) != cudaSuccess) {
+    if (error_.ok()) error_ = absl::InternalError("cuda backend: reading parameters failed");
+  }
+  return out;
+}
+
+absl::Status CudaBackend::SetParams(const std::vector<float>& params) {
+  if (static_cast<int64_t>(params.size()) != spec_.num_params) {
+    return absl::InvalidArgumentError(absl::StrCat("params: ", params.size(), " values, network has ", spec_.num_params));
+  }
+  absl::MutexLock lock(&mu_);
+  // Online and target both (a restore starts from equal networks); Adam moments kept.
+  const size_t bytes = params.size() * sizeof(float);
+  QS_CUDA_CHECK(cudaMemcpyAsync(params_.get(), params.data(), bytes, cudaMemcpyHostToDevice, stream_.get()));
+  QS_CUDA_CHECK(cudaMemcpyAsync(target_.get(), params.data(), bytes, cudaMemcpyHostToDevice, stream_.get()));
+  QS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ComputeQ(const float* obs, int64_t n, std::vector<float>* q) {
+  if (n < 0) return absl::InvalidArgumentError("n must be >= 0");
+  const int ta = spec_.total_actions();
+  q->resize(static_cast<size_t>(n) * ta);
+  absl::MutexLock lock(&mu_);
+  // Runs in the step's own buffers, ordered on the same stream.
+  const int64_t chunk = online_.rows;
+  Activations& acts = online_;
+  for (int64_t first = 0; first < n; first += chunk) {
+    const int rows = static_cast<int>(std::min(chunk, n - first));
+    QS_CUDA_CHECK(cudaMemcpyAsync(x_.get(), obs + first * spec_.obs_dim, sizeof(float) * rows * spec_.obs_dim,
+                                  cudaMemcpyHostToDevice, stream_.get()));
+    acts.rows = rows;
+    const absl::Status fwd = EnqueueForward(params_.get(), x_.get(), &acts);
+    acts.rows = static_cast<int>(chunk);
+    QS_RETURN_IF_ERROR(fwd);
+    QS_CUDA_CHECK(kernels::LaunchQValues(head_, acts.value.get(), acts.adv.get(), rows, q_values_.get(), stream_.get()));
+    QS_CUDA_CHECK(cudaMemcpyAsync(q->data() + first * ta, q_values_.get(), sizeof(float) * rows * ta,
+                                  cudaMemcpyDeviceToHost, stream_.get()));
+    QS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const v1::TrainerConfig& config) {
+  return CudaBackend::Create(config);
+}
+
+bool CudaDeviceAvailable(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    if (why) *why = absl::StrCat("no usable CUDA device: ", cudaGetErrorString(err));
+    return false;
+  }
+  if (count == 0) {
+    if (why) *why = "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace qstream

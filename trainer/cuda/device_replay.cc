@@ -1,0 +1,153 @@
+#include "trainer/cuda/device_replay.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/replay_commit.h"
+
+namespace qstream::cuda {
+
+absl::StatusOr<std::unique_ptr<DeviceReplay>> DeviceReplay::Create(const NetworkSpec& spec, int64_t capacity,
+                                                                   int64_t staging_rows, cudaStream_t stream,
+                                                                   kernels::DeviceState* state) {
+  if (capacity <= 0 || capacity > (int64_t{1} << 31) - 1) {
+    return absl::InvalidArgumentError(absl::StrCat("replay.capacity: ", capacity, " outside [1, 2^31)"));
+  }
+  std::unique_ptr<DeviceReplay> r(new DeviceReplay(spec, capacity, std::clamp<int64_t>(staging_rows, 1, capacity),
+                                                   stream, state));
+  if (absl::Status s = r->Allocate(); !s.ok()) return s;
+  return r;
+}
+
+DeviceReplay::DeviceReplay(const NetworkSpec& spec, int64_t capacity, int64_t staging_rows, cudaStream_t stream,
+                           kernels::DeviceState* state)
+    : obs_dim_(spec.obs_dim),
+      num_branches_(spec.num_branches()),
+      branch_actions_(spec.branch_actions),
+      capacity_(capacity),
+      staging_rows_(staging_rows),
+      stream_(stream),
+      state_(state) {}
+
+absl::Status DeviceReplay::Allocate() {
+  const size_t c = static_cast<size_t>(capacity_);
+  for (auto* b : {&obs_, &next_obs_}) {
+    if (absl::Status s = b->Allocate(c * obs_dim_); !s.ok()) return s;
+  }
+  for (auto* b : {&rewards_, &discounts_, &priorities_}) {
+    if (absl::Status s = b->Allocate(c); !s.ok()) return s;
+  }
+  if (absl::Status s = actions_.Allocate(c * num_branches_); !s.ok()) return s;
+  const size_t r = static_cast<size_t>(staging_rows_);
+  for (Staging& st : staging_) {
+    for (auto* b : {&st.obs, &st.next_obs}) {
+      if (absl::Status s = b->Allocate(r * obs_dim_); !s.ok()) return s;
+    }
+    for (auto* b : {&st.rewards, &st.discounts}) {
+      if (absl::Status s = b->Allocate(r); !s.ok()) return s;
+    }
+    if (absl::Status s = st.actions.Allocate(r * num_branches_); !s.ok()) return s;
+    if (absl::Status s = CreateEvent(&st.copied, /*timing=*/false); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+kernels::ReplayColumns DeviceReplay::columns() const {
+  kernels::ReplayColumns c;
+  c.obs = obs_.get();
+  c.next_obs = next_obs_.get();
+  c.actions = actions_.get();
+  c.rewards = rewards_.get();
+  c.discounts = discounts_.get();
+  c.priorities = priorities_.get();
+  c.capacity = capacity_;
+  c.obs_dim = obs_dim_;
+  c.num_branches = num_branches_;
+  return c;
+}
+
+absl::Status DeviceReplay::Insert(const TransitionColumns& batch) {
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("transitions.", field, ": ", why));
+  };
+  if (batch.n < 0) return bad("n", "must be >= 0");
+  if (batch.obs_dim != obs_dim_) return bad("obs_dim", absl::StrCat("is ", batch.obs_dim, ", network has ", obs_dim_));
+  if (batch.num_branches != num_branches_) {
+    return bad("num_branches", absl::StrCat("is ", batch.num_branches, ", network has ", num_branches_));
+  }
+  const auto n = static_cast<size_t>(batch.n);
+  if (batch.obs.size() != n * obs_dim_) return bad("obs", "length must be n * obs_dim");
+  if (batch.next_obs.size() != n * obs_dim_) return bad("next_obs", "length must be n * obs_dim");
+  if (batch.actions.size() != n * num_branches_) return bad("actions", "length must be n * num_branches");
+  if (batch.rewards.size() != n) return bad("rewards", "length must be n");
+  if (batch.discounts.size() != n) return bad("discounts", "length must be n");
+  for (size_t i = 0; i < n; ++i) {
+    for (int br = 0; br < num_branches_; ++br) {
+      const int32_t a = batch.actions[i * num_branches_ + br];
+      if (a < 0 || a >= branch_actions_[br]) {
+        return bad("actions", absl::StrCat("item ", i, " branch ", br, " action ", a, " outside [0, ",
+                                           branch_actions_[br], ")"));
+      }
+    }
+  }
+  // Only the last `capacity` items of an oversized batch would survive.
+  const int64_t skip = std::max<int64_t>(0, batch.n - capacity_);
+  for (int64_t row = skip; row < batch.n; row += staging_rows_) {
+    if (absl::Status s = Upload(batch, row, std::min(staging_rows_, batch.n - row)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceReplay::Upload(const TransitionColumns& batch, int64_t first_row, int64_t rows) {
+  Staging& st = staging_[next_staging_];
+  next_staging_ ^= 1;
+  // The buffer's previous copies must have left it before it is refilled.
+  if (st.in_flight) QS_CUDA_CHECK(cudaEventSynchronize(st.copied.get()));
+  const int d = obs_dim_;
+  const int nb = num_branches_;
+  std::memcpy(st.obs.get(), &batch.obs[first_row * d], sizeof(float) * rows * d);
+  std::memcpy(st.next_obs.get(), &batch.next_obs[first_row * d], sizeof(float) * rows * d);
+  std::memcpy(st.actions.get(), &batch.actions[first_row * nb], sizeof(int32_t) * rows * nb);
+  std::memcpy(st.rewards.get(), &batch.rewards[first_row], sizeof(float) * rows);
+  std::memcpy(st.discounts.get(), &batch.discounts[first_row], sizeof(float) * rows);
+
+  const int64_t first_slot = cursor_;
+  // The ring wraps at most once per upload (rows <= capacity).
+  const int64_t head = std::min(rows, capacity_ - first_slot);
+  const int64_t tail = rows - head;
+  auto copy = [&](int64_t src_row, int64_t dst_slot, int64_t count) -> absl::Status {
+    if (count == 0) return absl::OkStatus();
+    QS_CUDA_CHECK(cudaMemcpyAsync(obs_.get() + dst_slot * d, st.obs.get() + src_row * d, sizeof(float) * count * d,
+                                  cudaMemcpyHostToDevice, stream_));
+    QS_CUDA_CHECK(cudaMemcpyAsync(next_obs_.get() + dst_slot * d, st.next_obs.get() + src_row * d,
+                                  sizeof(float) * count * d, cudaMemcpyHostToDevice, stream_));
+    QS_CUDA_CHECK(cudaMemcpyAsync(actions_.get() + dst_slot * nb, st.actions.get() + src_row * nb,
+                                  sizeof(int32_t) * count * nb, cudaMemcpyHostToDevice, stream_));
+    QS_CUDA_CHECK(cudaMemcpyAsync(rewards_.get() + dst_slot, st.rewards.get() + src_row, sizeof(float) * count,
+                                  cudaMemcpyHostToDevice, stream_));
+    QS_CUDA_CHECK(cudaMemcpyAsync(discounts_.get() + dst_slot, st.discounts.get() + src_row, sizeof(float) * count,
+                                  cudaMemcpyHostToDevice, stream_));
+    return absl::OkStatus();
+  };
+  if (absl::Status s = copy(0, first_slot, head); !s.ok()) return s;
+  if (absl::Status s = copy(head, 0, tail); !s.ok()) return s;
+  cursor_ = (first_slot + rows) % capacity_;
+  size_ = std::min(size_ + rows, capacity_);
+
+  kernels::ReplayCommitArgs commit;
+  commit.priorities = priorities_.get();
+  commit.capacity = capacity_;
+  commit.first_slot = first_slot;
+  commit.count = rows;
+  commit.new_size = size_;
+  commit.new_cursor = cursor_;
+  commit.state = state_;
+  QS_CUDA_CHECK(kernels::LaunchReplayCommit(commit, stream_));
+  QS_CUDA_CHECK(cudaEventRecord(st.copied.get(), stream_));
+  st.in_flight = true;
+  return absl::OkStatus();
+}
+
+}  // namespace qstream::cuda

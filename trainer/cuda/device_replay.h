@@ -1,0 +1,70 @@
+// Replay ring on the device: columnar buffers (obs, next_obs, actions,
+// rewards, discounts, priorities^alpha). Inserts go through two pinned
+// staging buffers and cudaMemcpyAsync on the learner stream, so they are
+// ordered against the step's graph replays: a step sees an insert whole or
+// not at all. Size, cursor and max priority live in DeviceState (device
+// memory) and are advanced in stream order, so the captured graph never needs
+// re-capture when data arrives; the host keeps a mirror of size and cursor.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/views.h"
+#include "trainer/cuda/device_memory.h"
+#include "trainer/network_spec.h"
+#include "trainer/transitions.h"
+
+namespace qstream::cuda {
+
+class DeviceReplay {
+ public:
+  // `state` is device memory the step graph reads; `staging_rows` bounds one
+  // upload (larger batches go in several).
+  static absl::StatusOr<std::unique_ptr<DeviceReplay>> Create(const NetworkSpec& spec, int64_t capacity,
+                                                              int64_t staging_rows, cudaStream_t stream,
+                                                              kernels::DeviceState* state);
+
+  // Appends at max priority, overwriting the oldest items. Returns before
+  // the copy finishes; waits only when both staging buffers are in flight.
+  absl::Status Insert(const TransitionColumns& batch);
+
+  int64_t size() const { return size_; }
+  int64_t capacity() const { return capacity_; }
+  kernels::ReplayColumns columns() const;
+
+ private:
+  struct Staging {
+    PinnedBuffer<float> obs, next_obs, rewards, discounts;
+    PinnedBuffer<int32_t> actions;
+    Event copied;  // recorded after the last copy out of this buffer
+    bool in_flight = false;
+  };
+
+  DeviceReplay(const NetworkSpec& spec, int64_t capacity, int64_t staging_rows, cudaStream_t stream,
+               kernels::DeviceState* state);
+  absl::Status Allocate();
+  absl::Status Upload(const TransitionColumns& batch, int64_t first_row, int64_t rows);
+
+  const int obs_dim_;
+  const int num_branches_;
+  const std::vector<int> branch_actions_;
+  const int64_t capacity_;
+  const int64_t staging_rows_;
+  cudaStream_t stream_;
+  kernels::DeviceState* state_;
+
+  DeviceBuffer<float> obs_, next_obs_, rewards_, discounts_, priorities_;
+  DeviceBuffer<int32_t> actions_;
+  std::array<Staging, 2> staging_;
+  int next_staging_ = 0;
+  int64_t size_ = 0;
+  int64_t cursor_ = 0;
+};
+
+}  // namespace qstream::cuda
