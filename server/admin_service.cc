@@ -1,0 +1,91 @@
+#include "server/admin_service.h"
+
+#include "server/grpc_status.h"
+
+namespace qstream {
+
+v1::StatusResponse BuildStatus(const LearnerStatus& s, const IngestCounters& counters,
+                               const v1::TrainerConfig& config, double step_seconds) {
+  v1::StatusResponse r;
+  r.set_version(QSTREAM_VERSION);
+  r.set_backend(s.backend);
+  r.set_device(s.device);
+  r.set_learner_steps(s.steps);
+  r.set_replay_size(s.replay_size);
+  r.set_replay_capacity(s.replay_capacity);
+  r.set_transitions_ingested(counters.transitions());
+  r.set_batches_ingested(counters.batches());
+  r.set_batches_rejected(counters.rejected());
+  r.set_actor_streams(counters.actor_streams());
+  auto* limiter = r.mutable_rate_limiter();
+  limiter->set_inserts(s.rate_limiter_inserts);
+  limiter->set_samples(s.rate_limiter_samples);
+  limiter->set_samples_per_insert(config.rate_limiter().samples_per_insert());
+  limiter->set_sample_blocked(s.sample_blocked);
+  limiter->set_insert_blocked(s.insert_blocked);
+  auto* step = r.mutable_last_step();
+  step->set_loss(s.last_stats.loss);
+  step->set_grad_norm(s.last_stats.grad_norm);
+  step->set_q_min(s.last_stats.q_min);
+  step->set_q_mean(s.last_stats.q_mean);
+  step->set_q_max(s.last_stats.q_max);
+  step->set_target_clip_fraction(s.last_stats.target_clip_fraction);
+  step->set_step_seconds(step_seconds);
+  auto* guard = r.mutable_guard();
+  guard->set_tripped(s.last_stats.guard != GuardReason::kNone);
+  if (s.last_stats.guard != GuardReason::kNone) guard->set_last_reason(GuardReasonName(s.last_stats.guard));
+  for (size_t i = 1; i < s.guard_trips.size(); ++i) {
+    (*guard->mutable_trips())[GuardReasonName(static_cast<GuardReason>(i))] = s.guard_trips[i];
+  }
+  r.set_policy_version(s.policy_version);
+  r.set_paused(s.paused);
+  *r.mutable_config() = config;
+  return r;
+}
+
+AdminService::AdminService(Learner* learner, const IngestCounters* counters, const Metrics* metrics)
+    : learner_(learner), counters_(counters), metrics_(metrics) {}
+
+grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* context,
+                                               const v1::StatusRequest* /*request*/, v1::StatusResponse* response) {
+  *response = BuildStatus(learner_->status(), *counters_, learner_->config(), metrics_->recent_step_seconds());
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::Checkpoint(grpc::CallbackServerContext* context,
+                                                   const v1::CheckpointRequest* request,
+                                                   v1::CheckpointResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  if (request->path().empty()) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "path: must not be empty"));
+    return reactor;
+  }
+  const absl::Status status = learner_->Checkpoint(request->path());
+  if (status.ok()) {
+    response->set_path(request->path());
+    response->set_learner_steps(learner_->status().steps);
+  }
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::Pause(grpc::CallbackServerContext* context,
+                                              const v1::PauseRequest* /*request*/, v1::PauseResponse* /*response*/) {
+  learner_->Pause();
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::Resume(grpc::CallbackServerContext* context,
+                                               const v1::ResumeRequest* /*request*/,
+                                               v1::ResumeResponse* /*response*/) {
+  learner_->Resume();
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace qstream

@@ -1,0 +1,73 @@
+// Daemon: the whole qstreamd service in one object (learner, gRPC server with
+// ExperienceService, PolicyService, AdminService, health and reflection, and
+// the metrics export), started and shut down in the right order. Used by
+// qstreamd's main and by the in-process ingest benchmark.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/server.h"
+#include "qstream/v1/config.pb.h"
+#include "server/admin_service.h"
+#include "server/experience_service.h"
+#include "server/ingest_counters.h"
+#include "server/metrics.h"
+#include "server/policy_service.h"
+#include "trainer/backends/backend_factory.h"
+#include "trainer/learner.h"
+
+namespace qstream {
+
+struct DaemonOptions {
+  v1::TrainerConfig config;
+  BackendKind backend = BackendKind::kAuto;
+  // gRPC address, host:port; port 0 picks a free port.
+  std::string listen = "127.0.0.1:50051";
+  MetricsOptions metrics;
+};
+
+class Daemon {
+ public:
+  // Creates the backend and learner, binds the ports, starts the learner and
+  // the metrics thread, then reports SERVING on grpc.health.v1.Health.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+  ~Daemon();  // Shutdown(0) when not shut down yet
+
+  // NOT_SERVING, then stops accepting calls and lets open streams finish
+  // until `deadline` has passed (then cancels them), stops the learner
+  // (pending batches are inserted), and stops the metrics. Idempotent.
+  void Shutdown(absl::Duration deadline);
+
+  int grpc_port() const { return grpc_port_; }
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  // "host:port" with the bound gRPC port.
+  std::string grpc_address() const;
+  std::string metrics_address() const;
+  // The one start-up log line: version, backend, device, config, ports.
+  std::string StartupLine() const;
+
+  Learner* learner() { return learner_.get(); }
+  const IngestCounters& counters() const { return counters_; }
+
+ private:
+  explicit Daemon(const DaemonOptions& options) : options_(options) {}
+
+  const DaemonOptions options_;
+  IngestCounters counters_;
+  std::unique_ptr<Learner> learner_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<ExperienceService> experience_;
+  std::unique_ptr<PolicyService> policy_;
+  std::unique_ptr<AdminService> admin_;
+  std::unique_ptr<grpc::Server> server_;
+  int grpc_port_ = 0;
+  bool shut_down_ = false;
+};
+
+// The host part of a host:port address ("[::1]:5" -> "[::1]").
+std::string AddressHost(const std::string& address);
+
+}  // namespace qstream

@@ -1,0 +1,44 @@
+#include "server/ingest_counters.h"
+
+#include <algorithm>
+
+namespace qstream {
+
+void IngestCounters::Accepted(int64_t transitions, int64_t policy_lag) {
+  transitions_.fetch_add(transitions, std::memory_order_relaxed);
+  batches_.fetch_add(1, std::memory_order_relaxed);
+  const auto it = std::lower_bound(kPolicyLagBuckets.begin(), kPolicyLagBuckets.end(),
+                                   static_cast<double>(policy_lag));
+  lag_buckets_[it - kPolicyLagBuckets.begin()].fetch_add(1, std::memory_order_relaxed);
+  lag_sum_.fetch_add(policy_lag, std::memory_order_relaxed);
+}
+
+void IngestCounters::Rejected(const std::string& reason) {
+  rejected_.fetch_add(1, std::memory_order_relaxed);
+  absl::MutexLock lock(&mu_);
+  ++rejected_by_reason_[reason];
+}
+
+bool IngestCounters::TryOpenStream(int max_streams) {
+  if (streams_.fetch_add(1, std::memory_order_relaxed) >= max_streams) {
+    streams_.fetch_sub(1, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
+void IngestCounters::CloseStream() { streams_.fetch_sub(1, std::memory_order_relaxed); }
+
+std::map<std::string, int64_t> IngestCounters::rejected_by_reason() const {
+  absl::MutexLock lock(&mu_);
+  return rejected_by_reason_;
+}
+
+PolicyLagCounts IngestCounters::policy_lag() const {
+  PolicyLagCounts c;
+  for (size_t i = 0; i < c.buckets.size(); ++i) c.buckets[i] = lag_buckets_[i].load(std::memory_order_relaxed);
+  c.sum = static_cast<double>(lag_sum_.load(std::memory_order_relaxed));
+  return c;
+}
+
+}  // namespace qstream

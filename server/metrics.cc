@@ -1,0 +1,216 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <exception>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace qstream {
+
+std::vector<double> StepSecondsBuckets() {
+  std::vector<double> b;
+  for (double decade = 1e-5; decade < 1.0; decade *= 10) {
+    for (double m : {1.0, 2.0, 5.0}) b.push_back(m * decade);
+  }
+  b.push_back(1.0);
+  return b;
+}
+
+namespace {
+
+prometheus::Gauge& Gauge(prometheus::Registry& r, const std::string& name, const std::string& help,
+                         const prometheus::Labels& labels = {}) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add(labels);
+}
+
+prometheus::Counter& Counter(prometheus::Registry& r, const std::string& name, const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+
+}  // namespace
+
+Metrics::Metrics(const MetricsOptions& options, Learner* learner, const IngestCounters* counters)
+    : options_(options),
+      learner_(learner),
+      counters_(counters),
+      registry_(std::make_shared<prometheus::Registry>()) {
+  auto& r = *registry_;
+  step_seconds_ = &prometheus::BuildHistogram()
+                       .Name("qstream_train_step_seconds")
+                       .Help("Learner step time, seconds")
+                       .Register(r)
+                       .Add({}, StepSecondsBuckets());
+  train_steps_ = &Counter(r, "qstream_train_steps_total", "Learner steps taken");
+  transitions_ingested_ =
+      &Counter(r, "qstream_transitions_ingested_total", "Transitions written to the replay from actor streams");
+  ingest_rejected_ = &prometheus::BuildCounter()
+                          .Name("qstream_ingest_rejected_total")
+                          .Help("Batches rejected by validation, by the field that failed")
+                          .Register(r);
+  replay_size_ = &Gauge(r, "qstream_replay_size", "Transitions in the replay");
+  replay_capacity_ = &Gauge(r, "qstream_replay_capacity", "Replay capacity, transitions");
+  auto& q = prometheus::BuildGauge()
+                .Name("qstream_q_value")
+                .Help("Online Q-values over the last step's batch")
+                .Register(r);
+  q_min_ = &q.Add({{"stat", "min"}});
+  q_mean_ = &q.Add({{"stat", "mean"}});
+  q_max_ = &q.Add({{"stat", "max"}});
+  loss_ = &Gauge(r, "qstream_loss", "Importance-weighted C51 cross-entropy of the last step");
+  grad_norm_ = &Gauge(r, "qstream_grad_norm", "Global gradient norm of the last step, before clipping");
+  target_clip_fraction_ =
+      &Gauge(r, "qstream_target_clip_fraction", "Target probability mass clamped at the support edges");
+  auto& trips = prometheus::BuildCounter()
+                    .Name("qstream_guard_trips_total")
+                    .Help("Steps whose update the guard skipped, by reason")
+                    .Register(r);
+  guard_trips_.assign(kNumGuardReasons, nullptr);
+  for (int i = 1; i < kNumGuardReasons; ++i) {
+    guard_trips_[i] = &trips.Add({{"reason", GuardReasonName(static_cast<GuardReason>(i))}});
+  }
+  seen_guard_trips_.assign(kNumGuardReasons, 0);
+  guard_tripped_ = &Gauge(r, "qstream_guard_tripped", "1 when the last step's update was skipped");
+  policy_version_ = &Gauge(r, "qstream_policy_version", "Latest published policy version");
+  actor_streams_ = &Gauge(r, "qstream_actor_streams", "Open actor streams");
+  samples_per_insert_ =
+      &Gauge(r, "qstream_samples_per_insert", "Sampled transitions per inserted transition since start");
+  policy_lag_ = &prometheus::BuildHistogram()
+                     .Name("qstream_policy_lag_versions")
+                     .Help("Policy versions an accepted batch was acted with behind the current one")
+                     .Register(r)
+                     .Add({}, std::vector<double>(kPolicyLagBuckets.begin(), kPolicyLagBuckets.end()));
+}
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& options, Learner* learner,
+                                                         const IngestCounters* counters) {
+  std::unique_ptr<Metrics> m(new Metrics(options, learner, counters));
+  if (!options.listen.empty()) {
+    try {
+      m->exposer_ = std::make_unique<prometheus::Exposer>(options.listen);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("--metrics_listen=", options.listen, ": ", e.what()));
+    }
+    m->exposer_->RegisterCollectable(m->registry_);
+    const auto ports = m->exposer_->GetListeningPorts();
+    if (ports.empty()) return absl::UnavailableError(absl::StrCat("--metrics_listen=", options.listen, ": not bound"));
+    m->port_ = ports.front();
+  }
+  if (!options.pushgateway.empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(options.pushgateway, absl::MaxSplits(':', 1));
+    int port = 0;
+    if (parts.size() != 2 || parts[0].empty() || !absl::SimpleAtoi(parts[1], &port) || port <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--pushgateway: '", options.pushgateway, "' is not host:port"));
+    }
+    m->gateway_ = std::make_unique<prometheus::Gateway>(parts[0], parts[1], "qstream",
+                                                        prometheus::Labels{{"instance", options.instance}});
+    m->gateway_->RegisterCollectable(m->registry_);
+  }
+  return m;
+}
+
+Metrics::~Metrics() { Stop(); }
+
+void Metrics::Start() {
+  if (started_) return;
+  started_ = true;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void Metrics::Stop() {
+  if (!started_ || stop_.HasBeenNotified()) return;
+  stop_.Notify();
+  thread_.join();
+}
+
+void Metrics::Run() {
+  absl::Time next_push = absl::Now() + options_.push_interval;
+  while (!stop_.WaitForNotificationWithTimeout(options_.poll_interval)) {
+    Poll();
+    if (gateway_ && absl::Now() >= next_push) {
+      Push();
+      next_push = absl::Now() + options_.push_interval;
+    }
+  }
+  Poll();
+  if (gateway_) Push();
+}
+
+int Metrics::Push() {
+  if (!gateway_) return -1;
+  return gateway_->Push();
+}
+
+double Metrics::recent_step_seconds() const {
+  absl::MutexLock lock(&mu_);
+  return recent_step_seconds_;
+}
+
+void Metrics::Poll() {
+  const LearnerStatus s = learner_->status();
+  const auto step_times = learner_->DrainStepTimes();
+  const auto rejected = counters_->rejected_by_reason();
+  const PolicyLagCounts lag = counters_->policy_lag();
+
+  absl::MutexLock lock(&mu_);
+  // Each window is `count` steps of (mean) `seconds`: all land in one bucket.
+  const auto& bounds = StepSecondsBuckets();
+  double window_seconds = 0;
+  int64_t window_steps = 0;
+  for (const auto& [seconds, count] : step_times) {
+    std::vector<double> increments(bounds.size() + 1, 0.0);
+    const size_t bucket = std::lower_bound(bounds.begin(), bounds.end(), seconds) - bounds.begin();
+    increments[bucket] = static_cast<double>(count);
+    step_seconds_->ObserveMultiple(increments, seconds * count);
+    window_seconds += seconds * count;
+    window_steps += count;
+  }
+  if (window_steps > 0) recent_step_seconds_ = window_seconds / window_steps;
+
+  if (s.steps > seen_steps_) train_steps_->Increment(static_cast<double>(s.steps - seen_steps_));
+  seen_steps_ = std::max(seen_steps_, s.steps);
+  const int64_t transitions = counters_->transitions();
+  if (transitions > seen_transitions_) {
+    transitions_ingested_->Increment(static_cast<double>(transitions - seen_transitions_));
+  }
+  seen_transitions_ = std::max(seen_transitions_, transitions);
+  for (const auto& [reason, total] : rejected) {
+    int64_t& seen = seen_rejected_[reason];
+    auto& counter = ingest_rejected_->Add({{"reason", reason}});
+    if (total > seen) counter.Increment(static_cast<double>(total - seen));
+    seen = std::max(seen, total);
+  }
+  for (size_t i = 1; i < s.guard_trips.size() && i < guard_trips_.size(); ++i) {
+    if (s.guard_trips[i] > seen_guard_trips_[i]) {
+      guard_trips_[i]->Increment(static_cast<double>(s.guard_trips[i] - seen_guard_trips_[i]));
+      seen_guard_trips_[i] = s.guard_trips[i];
+    }
+  }
+  std::vector<double> lag_increments(lag.buckets.size());
+  bool lag_changed = false;
+  for (size_t i = 0; i < lag.buckets.size(); ++i) {
+    lag_increments[i] = static_cast<double>(lag.buckets[i] - seen_lag_.buckets[i]);
+    lag_changed |= lag_increments[i] > 0;
+  }
+  if (lag_changed) policy_lag_->ObserveMultiple(lag_increments, lag.sum - seen_lag_.sum);
+  seen_lag_ = lag;
+
+  replay_size_->Set(static_cast<double>(s.replay_size));
+  replay_capacity_->Set(static_cast<double>(s.replay_capacity));
+  q_min_->Set(s.last_stats.q_min);
+  q_mean_->Set(s.last_stats.q_mean);
+  q_max_->Set(s.last_stats.q_max);
+  loss_->Set(s.last_stats.loss);
+  grad_norm_->Set(s.last_stats.grad_norm);
+  target_clip_fraction_->Set(s.last_stats.target_clip_fraction);
+  guard_tripped_->Set(s.last_stats.guard != GuardReason::kNone ? 1 : 0);
+  policy_version_->Set(static_cast<double>(s.policy_version));
+  actor_streams_->Set(counters_->actor_streams());
+  samples_per_insert_->Set(s.rate_limiter_inserts > 0 ? static_cast<double>(s.rate_limiter_samples) /
+                                                            static_cast<double>(s.rate_limiter_inserts)
+                                                      : 0.0);
+}
+
+}  // namespace qstream

@@ -1,0 +1,181 @@
+// qstreamd: trains a C51 DQN from experience streamed by actors over gRPC.
+// Exit codes: 0 after a clean shutdown on SIGINT/SIGTERM, 1 when a port or
+// the backend cannot be set up, 2 for bad flags or config.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/daemon.h"
+#include "trainer/config.h"
+
+ABSL_FLAG(std::string, config, "", "Text-format TrainerConfig file; empty: built-in default");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address host:port (port 0: any free port)");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "Prometheus /metrics address host:port (port 0: any free port); empty disables");
+ABSL_FLAG(std::string, backend, "auto", "auto|cpu|cuda");
+ABSL_FLAG(std::string, pushgateway, "", "Pushgateway host:port; empty disables pushing");
+ABSL_FLAG(absl::Duration, push_interval, absl::Seconds(10), "Pushgateway push period");
+ABSL_FLAG(std::string, instance, "", "instance label of pushed metrics; default hostname:grpc_port");
+ABSL_FLAG(absl::Duration, shutdown_deadline, absl::Seconds(5),
+          "On SIGINT/SIGTERM, how long open streams may drain before they are cancelled");
+// Overrides of common config fields (applied on top of --config).
+ABSL_FLAG(std::optional<int>, batch_size, std::nullopt, "replay.batch_size");
+ABSL_FLAG(std::optional<double>, lr, std::nullopt, "optimizer.lr");
+ABSL_FLAG(std::optional<int64_t>, replay_capacity, std::nullopt, "replay.capacity");
+ABSL_FLAG(std::optional<int64_t>, min_size_to_sample, std::nullopt, "rate_limiter.min_size_to_sample");
+ABSL_FLAG(std::optional<double>, samples_per_insert, std::nullopt, "rate_limiter.samples_per_insert");
+ABSL_FLAG(std::optional<int>, n_step, std::nullopt, "returns.n_step");
+ABSL_FLAG(std::optional<double>, gamma, std::nullopt, "returns.gamma");
+ABSL_FLAG(std::optional<int>, publish_every, std::nullopt, "server.publish_every");
+ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt, "seed");
+
+namespace qstream {
+namespace {
+
+constexpr int kExitSetup = 1;
+constexpr int kExitUsage = 2;
+
+// absl's parser exits with 1 on a bad flag; qstreamd promises 2 for usage
+// errors, so every --name[=value] is checked (and set) here first.
+bool CheckFlags(int argc, char** argv, std::string* error) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::StartsWith(arg, "-")) continue;
+    arg = arg.substr(absl::StartsWith(arg, "--") ? 2 : 1);
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no")) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>() && eq == std::string::npos) continue;
+    }
+    if (flag == nullptr) {
+      *error = absl::StrCat("unknown flag --", name);
+      return false;
+    }
+    std::string value;
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (flag->IsOfType<bool>()) {
+      value = "true";
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      *error = absl::StrCat("--", name, ": missing value");
+      return false;
+    }
+    std::string why;
+    if (!flag->ParseFrom(value, &why)) {
+      *error = absl::StrCat("--", name, "=", value, ": ", why);
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<v1::TrainerConfig> EffectiveConfig() {
+  v1::TrainerConfig config = DefaultConfig();
+  if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    auto loaded = LoadConfigFile(path);
+    if (!loaded.ok()) return loaded.status();
+    config = *loaded;
+  }
+  if (auto v = absl::GetFlag(FLAGS_batch_size)) config.mutable_replay()->set_batch_size(*v);
+  if (auto v = absl::GetFlag(FLAGS_lr)) config.mutable_optimizer()->set_lr(static_cast<float>(*v));
+  if (auto v = absl::GetFlag(FLAGS_replay_capacity)) config.mutable_replay()->set_capacity(*v);
+  if (auto v = absl::GetFlag(FLAGS_min_size_to_sample)) config.mutable_rate_limiter()->set_min_size_to_sample(*v);
+  if (auto v = absl::GetFlag(FLAGS_samples_per_insert)) {
+    config.mutable_rate_limiter()->set_samples_per_insert(static_cast<float>(*v));
+  }
+  if (auto v = absl::GetFlag(FLAGS_n_step)) config.mutable_returns()->set_n_step(*v);
+  if (auto v = absl::GetFlag(FLAGS_gamma)) config.mutable_returns()->set_gamma(static_cast<float>(*v));
+  if (auto v = absl::GetFlag(FLAGS_publish_every)) config.mutable_server()->set_publish_every(*v);
+  if (auto v = absl::GetFlag(FLAGS_seed)) config.set_seed(*v);
+  if (auto st = ValidateConfig(config); !st.ok()) return st;
+  return config;
+}
+
+std::string Hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+int Main(int argc, char** argv) {
+  // Signals are taken synchronously by this thread (sigwait below); blocking
+  // them before any thread exists keeps them off gRPC's and the learner's.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::SetProgramUsageMessage("qstreamd: C51 DQN learner fed by gRPC actor streams");
+  std::string error;
+  if (!CheckFlags(argc, argv, &error)) {
+    std::fprintf(stderr, "qstreamd: %s\n", error.c_str());
+    return kExitUsage;
+  }
+  absl::ParseCommandLine(argc, argv);
+
+  auto config = EffectiveConfig();
+  if (!config.ok()) {
+    std::fprintf(stderr, "qstreamd: %s\n", std::string(config.status().message()).c_str());
+    return kExitUsage;
+  }
+  auto backend = ParseBackendKind(absl::GetFlag(FLAGS_backend));
+  if (!backend.ok()) {
+    std::fprintf(stderr, "qstreamd: %s\n", std::string(backend.status().message()).c_str());
+    return kExitUsage;
+  }
+  if (absl::GetFlag(FLAGS_push_interval) <= absl::ZeroDuration()) {
+    std::fprintf(stderr, "qstreamd: --push_interval: must be > 0\n");
+    return kExitUsage;
+  }
+
+  DaemonOptions options;
+  options.config = *config;
+  options.backend = *backend;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.metrics.listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.metrics.pushgateway = absl::GetFlag(FLAGS_pushgateway);
+  options.metrics.push_interval = absl::GetFlag(FLAGS_push_interval);
+  options.metrics.instance = absl::GetFlag(FLAGS_instance);
+  if (options.metrics.instance.empty()) {
+    // The bound port is not known yet for port 0; the listen port names the instance.
+    options.metrics.instance = absl::StrCat(Hostname(), ":", options.listen.substr(options.listen.rfind(':') + 1));
+  }
+  auto daemon = Daemon::Start(options);
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "qstreamd: %s\n", std::string(daemon.status().message()).c_str());
+    return daemon.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitSetup;
+  }
+  std::printf("%s\n", (*daemon)->StartupLine().c_str());
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  std::printf("qstreamd: %s, draining streams\n", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+  std::fflush(stdout);
+  (*daemon)->Shutdown(absl::GetFlag(FLAGS_shutdown_deadline));
+  const LearnerStatus s = (*daemon)->learner()->status();
+  std::printf("qstreamd: stopped after %lld steps, %lld transitions in the replay\n",
+              static_cast<long long>(s.steps), static_cast<long long>(s.replay_size));
+  return 0;
+}
+
+}  // namespace
+}  // namespace qstream
+
+int main(int argc, char** argv) { return qstream::Main(argc, argv); }
