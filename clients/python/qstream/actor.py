@@ -49,20 +49,68 @@ class ActorResult:
 
 
 def _autoreset_mode(envs) -> str:
+    """"next_step", "same_step" (gymnasium >= 1.0) or "legacy" (< 1.0,
+    final observation in infos["final_observation"])."""
     mode = getattr(envs, "metadata", {}).get("autoreset_mode")
     if mode is None:
         import gymnasium
 
         return "next_step" if int(gymnasium.__version__.split(".")[0]) >= 1 else "legacy"
-    return getattr(mode, "value", str(mode)).lower()
+    name = str(getattr(mode, "value", mode)).lower().replace("_", "")
+    canonical = {"nextstep": "next_step", "samestep": "same_step"}
+    if name not in canonical:
+        raise ValueError(f"vector env autoreset mode {mode} is not supported (use next-step or same-step)")
+    return canonical[name]
 
 
-def _final_obs(infos, mode: str, i: int):
-    key = "final_obs" if mode == "same_step" else "final_observation"
-    return infos[key][i]
+class TransitionRecorder:
+    """Turns vector-env steps into the 1-step transitions to send and the
+    episode returns that finished, for every autoreset mode."""
+
+    def __init__(self, num_envs: int, mode: str):
+        self.mode = mode
+        self.running = np.zeros(num_envs, dtype=np.float64)
+        # next_step mode: the sub-envs whose coming step only resets them.
+        self.resetting = np.zeros(num_envs, dtype=bool)
+
+    def record(self, obs, actions, rewards, next_obs, terminated, truncated, infos):
+        """Returns (transitions dict for ActorClient.add_steps minus
+        policy_version, list of finished episode returns)."""
+        n = len(terminated)
+        terminated = np.asarray(terminated, dtype=bool)
+        truncated = np.asarray(truncated, dtype=bool)
+        rewards = np.asarray(rewards, dtype=np.float32)
+        next_obs = np.asarray(next_obs, dtype=np.float32).reshape(n, -1)
+        ended = terminated | truncated
+        if self.mode == "next_step":
+            valid = ~self.resetting
+            self.resetting = ended & valid
+            recorded_next = next_obs  # the final observation on an ending step
+        else:
+            valid = np.ones(n, dtype=bool)
+            recorded_next = next_obs.copy()
+            key = "final_obs" if self.mode == "same_step" else "final_observation"
+            for i in np.flatnonzero(ended):
+                recorded_next[i] = np.asarray(infos[key][i], dtype=np.float32).ravel()
+        idx = np.flatnonzero(valid)
+        finished = []
+        self.running[idx] += rewards[idx]
+        for i in idx[ended[idx]]:
+            finished.append(float(self.running[i]))
+            self.running[i] = 0.0
+        steps = dict(
+            obs=np.asarray(obs, dtype=np.float32).reshape(n, -1)[idx],
+            actions=np.asarray(actions)[idx],
+            rewards=rewards[idx],
+            next_obs=recorded_next[idx],
+            done=terminated[idx],
+            truncated=truncated[idx] & ~terminated[idx],
+            env_ids=idx,
+        )
+        return steps, finished
 
 
-def make_vector_env(env_id: str, num_envs: int, seed: int | None = None, **env_kwargs):
+def make_vector_env(env_id: str, num_envs: int, **env_kwargs):
     import gymnasium as gym
 
     return gym.vector.SyncVectorEnv([lambda: gym.make(env_id, **env_kwargs) for _ in range(num_envs)])
@@ -94,75 +142,49 @@ def run_actor(
     mode = _autoreset_mode(envs)
     rng = np.random.default_rng(seed)
     returns = collections.deque(maxlen=return_window)
-    running = np.zeros(n, dtype=np.float64)
     episodes = 0
     steps = 0
     start = time.monotonic()
     next_report = start + report_every_s
 
-    watcher = PolicyWatcher(server, timeout=connect_timeout_s)
-    client = ActorClient(server, batch_size=batch_size, max_in_flight=max_in_flight)
     reached = False
-    try:
-        obs, _ = envs.reset(seed=seed)
-        obs = np.asarray(obs, dtype=np.float32).reshape(n, -1)
-        resetting = np.zeros(n, dtype=bool)  # next_step mode: this step only resets
-        while total_steps is None or steps < total_steps:
-            policy = watcher.policy
-            actions = policy.act(obs, epsilon(steps), rng)
-            env_actions = actions[:, 0] if policy.num_branches == 1 else actions
-            next_obs, rewards, terminated, truncated, infos = envs.step(env_actions)
-            next_obs = np.asarray(next_obs, dtype=np.float32).reshape(n, -1)
-            terminated = np.asarray(terminated, dtype=bool)
-            truncated = np.asarray(truncated, dtype=bool)
-            rewards = np.asarray(rewards, dtype=np.float32)
-            ended = terminated | truncated
+    # On an exception the client cancels its stream instead of flushing.
+    with PolicyWatcher(server, timeout=connect_timeout_s) as watcher, ActorClient(
+        server, batch_size=batch_size, max_in_flight=max_in_flight
+    ) as client:
+        try:
+            obs, _ = envs.reset(seed=seed)
+            obs = np.asarray(obs, dtype=np.float32).reshape(n, -1)
+            recorder = TransitionRecorder(n, mode)
+            while total_steps is None or steps < total_steps:
+                policy = watcher.policy
+                actions = policy.act(obs, epsilon(steps), rng)
+                env_actions = actions[:, 0] if policy.num_branches == 1 else actions
+                next_obs, rewards, terminated, truncated, infos = envs.step(env_actions)
+                transitions, finished = recorder.record(obs, actions, rewards, next_obs, terminated, truncated, infos)
+                if transitions["env_ids"].size:
+                    client.add_steps(**transitions, policy_version=policy.version)
+                    steps += transitions["env_ids"].size
+                returns.extend(finished)
+                episodes += len(finished)
+                obs = np.asarray(next_obs, dtype=np.float32).reshape(n, -1)
 
-            valid = ~resetting if mode == "next_step" else np.ones(n, dtype=bool)
-            recorded_next = next_obs
-            if mode != "next_step" and ended.any():
-                recorded_next = next_obs.copy()
-                for i in np.flatnonzero(ended):
-                    recorded_next[i] = np.asarray(_final_obs(infos, mode, i), dtype=np.float32).ravel()
-            idx = np.flatnonzero(valid)
-            if idx.size:
-                client.add_steps(
-                    obs[idx],
-                    actions[idx],
-                    rewards[idx],
-                    recorded_next[idx],
-                    terminated[idx],
-                    truncated[idx] & ~terminated[idx],
-                    env_ids=idx,
-                    policy_version=policy.version,
-                )
-                steps += idx.size
-                running[idx] += rewards[idx]
-                for i in idx[ended[idx]]:
-                    returns.append(running[i])
-                    running[i] = 0.0
-                    episodes += 1
-            resetting = ended & valid if mode == "next_step" else np.zeros(n, dtype=bool)
-            obs = next_obs
-
-            now = time.monotonic()
-            mean = float(np.mean(returns)) if returns else 0.0
-            if now >= next_report:
-                st = client.stats
-                log(
-                    f"progress env_steps={steps} episodes={episodes} mean_return_{return_window}={mean:.1f} "
-                    f"epsilon={epsilon(steps):.3f} policy_version={policy.version} "
-                    f"steps_per_s={steps / (now - start):.0f} replay_size={st.replay_size}"
-                )
-                next_report += report_every_s
-            if stop_at_return is not None and len(returns) == return_window and mean >= stop_at_return:
-                reached = True
-                break
-        client.flush()
-    finally:
-        client.close()
-        watcher.close()
-        envs.close()
+                now = time.monotonic()
+                mean = float(np.mean(returns)) if returns else 0.0
+                if now >= next_report:
+                    st = client.stats
+                    log(
+                        f"progress env_steps={steps} episodes={episodes} mean_return_{return_window}={mean:.1f} "
+                        f"epsilon={epsilon(steps):.3f} policy_version={policy.version} "
+                        f"steps_per_s={steps / (now - start):.0f} replay_size={st.replay_size}"
+                    )
+                    next_report += report_every_s
+                if stop_at_return is not None and len(returns) == return_window and mean >= stop_at_return:
+                    reached = True
+                    break
+            client.flush()
+        finally:
+            envs.close()
     mean = float(np.mean(returns)) if returns else 0.0
     wall = time.monotonic() - start
     log(

@@ -129,6 +129,7 @@ def test_killed_client_loses_nothing_acknowledged(start_daemon):
         previous = st.transitions_ingested
         time.sleep(0.2)
     ingested = st.transitions_ingested
+    print(f"killed client: acked={acked} ingested={ingested} sent={sent}")
     assert acked <= ingested <= sent
     assert ingested % 100 == 0  # batches are inserted whole or not at all
     assert st.replay_size == ingested
