@@ -1,0 +1,209 @@
+#include "server/nstep.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/batch_columns.h"
+#include "trainer/config.h"
+
+namespace qstream {
+namespace {
+
+// obs_dim 1, one branch of 4 actions: step t of env e has obs = 100 e + t,
+// next_obs = 100 e + t + 1, action = t % 4.
+NetworkSpec Spec() {
+  v1::NetworkConfig net = DefaultConfig().network();
+  net.set_obs_dim(1);
+  net.clear_branch_actions();
+  net.add_branch_actions(4);
+  return *NetworkSpec::Create(net);
+}
+
+struct StepIn {
+  uint32_t env = 0;
+  int t = 0;
+  float reward = 0;
+  bool done = false;
+  bool truncated = false;
+};
+
+v1::TransitionBatch Batch(const std::vector<StepIn>& steps) {
+  v1::TransitionBatch b;
+  b.set_kind(v1::TransitionBatch::KIND_STEP);
+  b.set_count(steps.size());
+  for (const StepIn& s : steps) {
+    b.add_obs(100.0f * s.env + s.t);
+    b.add_next_obs(100.0f * s.env + s.t + 1);
+    b.add_actions(s.t % 4);
+    b.add_rewards(s.reward);
+    b.add_done(s.done);
+    b.add_truncated(s.truncated);
+    b.add_env_ids(s.env);
+  }
+  return b;
+}
+
+struct Item {
+  float obs, reward, discount, next_obs;
+  int action;
+};
+
+std::vector<Item> Items(const TransitionColumns& c) {
+  std::vector<Item> items;
+  for (int64_t i = 0; i < c.n; ++i) {
+    items.push_back({c.obs[i], c.rewards[i], c.discounts[i], c.next_obs[i], c.actions[i]});
+  }
+  return items;
+}
+
+void ExpectItem(const Item& item, float obs, float reward, float discount, float next_obs) {
+  EXPECT_FLOAT_EQ(item.obs, obs);
+  EXPECT_FLOAT_EQ(item.reward, reward);
+  EXPECT_FLOAT_EQ(item.discount, discount);
+  EXPECT_FLOAT_EQ(item.next_obs, next_obs);
+  EXPECT_EQ(item.action, static_cast<int>(obs) % 100 % 4);
+}
+
+TEST(NStepAssemblerTest, EmitsOnceNStepsArePresent) {
+  NStepAssembler a(Spec(), /*n_step=*/3, /*gamma=*/0.5f, /*max_envs=*/16);
+  TransitionColumns out = EmptyColumns(Spec());
+  ASSERT_FALSE(a.Add(Batch({{0, 0, 1}, {0, 1, 2}}), &out).has_value());
+  EXPECT_EQ(out.n, 0);
+  EXPECT_EQ(a.pending(), 2);
+  ASSERT_FALSE(a.Add(Batch({{0, 2, 3}, {0, 3, 4}, {0, 4, 5}}), &out).has_value());
+  ASSERT_EQ(out.n, 3);
+  const auto items = Items(out);
+  // R_t = r_t + 0.5 r_{t+1} + 0.25 r_{t+2}, bootstrap 0.5^3 from s_{t+3}.
+  ExpectItem(items[0], 0, 1 + 0.5f * 2 + 0.25f * 3, 0.125f, 3);
+  ExpectItem(items[1], 1, 2 + 0.5f * 3 + 0.25f * 4, 0.125f, 4);
+  ExpectItem(items[2], 2, 3 + 0.5f * 4 + 0.25f * 5, 0.125f, 5);
+  EXPECT_EQ(a.pending(), 2);
+}
+
+TEST(NStepAssemblerTest, DoneFlushesEverythingWithZeroDiscount) {
+  NStepAssembler a(Spec(), 3, 0.5f, 16);
+  TransitionColumns out = EmptyColumns(Spec());
+  ASSERT_FALSE(a.Add(Batch({{0, 0, 1}, {0, 1, 2, /*done=*/true}}), &out).has_value());
+  ASSERT_EQ(out.n, 2);
+  const auto items = Items(out);
+  ExpectItem(items[0], 0, 1 + 0.5f * 2, 0, 2);
+  ExpectItem(items[1], 1, 2, 0, 2);
+  EXPECT_EQ(a.pending(), 0);
+  // The next episode starts with an empty window.
+  ASSERT_FALSE(a.Add(Batch({{0, 10, 7}, {0, 11, 0}}), &out).has_value());
+  EXPECT_EQ(out.n, 2);
+  EXPECT_EQ(a.pending(), 2);
+}
+
+TEST(NStepAssemblerTest, DoneOnAFullWindow) {
+  NStepAssembler a(Spec(), 2, 0.9f, 16);
+  TransitionColumns out = EmptyColumns(Spec());
+  ASSERT_FALSE(a.Add(Batch({{0, 0, 1}, {0, 1, 2}, {0, 2, 4, /*done=*/true}}), &out).has_value());
+  ASSERT_EQ(out.n, 3);
+  const auto items = Items(out);
+  ExpectItem(items[0], 0, 1 + 0.9f * 2, 0.81f, 2);
+  ExpectItem(items[1], 1, 2 + 0.9f * 4, 0, 3);
+  ExpectItem(items[2], 2, 4, 0, 3);
+}
+
+TEST(NStepAssemblerTest, TruncationBootstrapsFromLastNextObs) {
+  NStepAssembler a(Spec(), 3, 0.5f, 16);
+  TransitionColumns out = EmptyColumns(Spec());
+  ASSERT_FALSE(
+      a.Add(Batch({{0, 0, 1}, {0, 1, 2, /*done=*/false, /*truncated=*/true}}), &out).has_value());
+  ASSERT_EQ(out.n, 2);
+  const auto items = Items(out);
+  ExpectItem(items[0], 0, 1 + 0.5f * 2, 0.25f, 2);
+  ExpectItem(items[1], 1, 2, 0.5f, 2);
+  EXPECT_EQ(a.pending(), 0);
+}
+
+TEST(NStepAssemblerTest, DoneWinsOverTruncated) {
+  NStepAssembler a(Spec(), 3, 0.5f, 16);
+  TransitionColumns out = EmptyColumns(Spec());
+  ASSERT_FALSE(a.Add(Batch({{0, 0, 1, true, true}}), &out).has_value());
+  ASSERT_EQ(out.n, 1);
+  ExpectItem(Items(out)[0], 0, 1, 0, 1);
+}
+
+TEST(NStepAssemblerTest, OneStepReturnsEmitImmediately) {
+  NStepAssembler a(Spec(), 1, 0.99f, 16);
+  TransitionColumns out = EmptyColumns(Spec());
+  ASSERT_FALSE(a.Add(Batch({{0, 0, 3}, {0, 1, -1, true}}), &out).has_value());
+  ASSERT_EQ(out.n, 2);
+  const auto items = Items(out);
+  ExpectItem(items[0], 0, 3, 0.99f, 1);
+  ExpectItem(items[1], 1, -1, 0, 2);
+}
+
+TEST(NStepAssemblerTest, EnvironmentsHaveSeparateWindows) {
+  NStepAssembler a(Spec(), 2, 0.5f, 16);
+  TransitionColumns out = EmptyColumns(Spec());
+  // Interleaved env 1 and env 2; env 2 ends after one step.
+  ASSERT_FALSE(a.Add(Batch({{1, 0, 1}, {2, 0, 10, true}, {1, 1, 2}, {2, 5, 20}, {1, 2, 4}}), &out).has_value());
+  ASSERT_EQ(out.n, 3);
+  const auto items = Items(out);
+  ExpectItem(items[0], 200, 10, 0, 201);               // env 2, terminal
+  ExpectItem(items[1], 100, 1 + 0.5f * 2, 0.25f, 102);  // env 1 window full at t=1
+  ExpectItem(items[2], 101, 2 + 0.5f * 4, 0.25f, 103);
+  EXPECT_EQ(a.pending(), 2);  // env 1 t=2, env 2 t=5
+  EXPECT_EQ(a.num_envs(), 2);
+}
+
+TEST(NStepAssemblerTest, MissingEnvIdsAndTruncatedMeanEnvZeroNotTruncated) {
+  NStepAssembler a(Spec(), 2, 0.5f, 16);
+  TransitionColumns out = EmptyColumns(Spec());
+  v1::TransitionBatch b = Batch({{0, 0, 1}, {0, 1, 2}, {0, 2, 3}});
+  b.clear_env_ids();
+  b.clear_truncated();
+  ASSERT_FALSE(a.Add(b, &out).has_value());
+  ASSERT_EQ(out.n, 2);
+  ExpectItem(Items(out)[1], 1, 2 + 0.5f * 3, 0.25f, 3);
+}
+
+TEST(NStepAssemblerTest, TooManyEnvironmentsRejectsTheWholeBatch) {
+  NStepAssembler a(Spec(), 3, 0.5f, /*max_envs=*/2);
+  TransitionColumns out = EmptyColumns(Spec());
+  ASSERT_FALSE(a.Add(Batch({{1, 0, 1}, {2, 0, 1}}), &out).has_value());
+  const auto error = a.Add(Batch({{1, 1, 1, true}, {2, 1, 1}, {3, 0, 1}}), &out);
+  ASSERT_TRUE(error.has_value());
+  EXPECT_EQ(error->field, "env_ids");
+  EXPECT_EQ(error->message, "env_ids[2]: 3 opens more than 2 environments on this stream");
+  EXPECT_EQ(out.n, 0);
+  EXPECT_EQ(a.pending(), 2);  // env 1's done was not applied
+  EXPECT_EQ(a.num_envs(), 2);
+}
+
+TEST(NStepAssemblerTest, MultiBranchActionsTravelWithTheirStep) {
+  v1::NetworkConfig net = DefaultConfig().network();
+  net.set_obs_dim(2);
+  net.clear_branch_actions();
+  net.add_branch_actions(3);
+  net.add_branch_actions(5);
+  const NetworkSpec spec = *NetworkSpec::Create(net);
+  NStepAssembler a(spec, 2, 1.0f, 4);
+  v1::TransitionBatch b;
+  b.set_kind(v1::TransitionBatch::KIND_STEP);
+  b.set_count(3);
+  for (int t = 0; t < 3; ++t) {
+    b.add_obs(t);
+    b.add_obs(-t);
+    b.add_next_obs(t + 1);
+    b.add_next_obs(-t - 1);
+    b.add_actions(t % 3);
+    b.add_actions(4 - t);
+    b.add_rewards(1);
+    b.add_done(false);
+  }
+  TransitionColumns out = EmptyColumns(spec);
+  ASSERT_FALSE(a.Add(b, &out).has_value());
+  ASSERT_EQ(out.n, 2);
+  EXPECT_EQ(out.obs, (std::vector<float>{0, 0, 1, -1}));
+  EXPECT_EQ(out.next_obs, (std::vector<float>{2, -2, 3, -3}));
+  EXPECT_EQ(out.actions, (std::vector<int32_t>{0, 4, 1, 3}));
+  EXPECT_EQ(out.rewards, (std::vector<float>{2, 2}));
+  EXPECT_EQ(out.discounts, (std::vector<float>{1, 1}));
+}
+
+}  // namespace
+}  // namespace qstream

@@ -1,0 +1,206 @@
+#include "server/validate.h"
+
+#include <cmath>
+#include <limits>
+
+#include "gtest/gtest.h"
+#include "trainer/config.h"
+
+namespace qstream {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// obs_dim 2, two branches of 3 and 5 actions.
+NetworkSpec Spec() {
+  v1::NetworkConfig net = DefaultConfig().network();
+  net.set_obs_dim(2);
+  net.clear_branch_actions();
+  net.add_branch_actions(3);
+  net.add_branch_actions(5);
+  return *NetworkSpec::Create(net);
+}
+
+v1::ServerConfig Server(int max_batch = 100) {
+  v1::ServerConfig s;
+  s.set_max_batch_transitions(max_batch);
+  return s;
+}
+
+v1::TransitionBatch NStep(int n) {
+  v1::TransitionBatch b;
+  b.set_kind(v1::TransitionBatch::KIND_NSTEP);
+  b.set_count(n);
+  for (int i = 0; i < n * 2; ++i) {
+    b.add_obs(0.5f * i);
+    b.add_next_obs(-0.5f * i);
+  }
+  for (int i = 0; i < n; ++i) {
+    b.add_actions(i % 3);
+    b.add_actions(i % 5);
+    b.add_rewards(1.0f);
+    b.add_discounts(0.9f);
+  }
+  return b;
+}
+
+v1::TransitionBatch Step(int n) {
+  v1::TransitionBatch b = NStep(n);
+  b.set_kind(v1::TransitionBatch::KIND_STEP);
+  b.clear_discounts();
+  for (int i = 0; i < n; ++i) b.add_done(false);
+  return b;
+}
+
+void ExpectError(const v1::TransitionBatch& b, const std::string& field, const std::string& message,
+                 v1::Error::Code code = v1::Error::INVALID_FIELD) {
+  auto e = ValidateBatch(b, Spec(), Server());
+  ASSERT_TRUE(e.has_value()) << "expected an error on " << field;
+  EXPECT_EQ(e->field, field);
+  EXPECT_EQ(e->message, message);
+  EXPECT_EQ(e->code, code);
+}
+
+TEST(ValidateBatchTest, AcceptsWellFormedBatches) {
+  EXPECT_FALSE(ValidateBatch(NStep(8), Spec(), Server()).has_value());
+  EXPECT_FALSE(ValidateBatch(Step(8), Spec(), Server()).has_value());
+  v1::TransitionBatch unspecified = NStep(3);
+  unspecified.set_kind(v1::TransitionBatch::KIND_UNSPECIFIED);
+  EXPECT_FALSE(ValidateBatch(unspecified, Spec(), Server()).has_value());
+  v1::TransitionBatch step = Step(3);
+  for (int i = 0; i < 3; ++i) {
+    step.add_truncated(i == 2);
+    step.add_env_ids(7 * i);
+  }
+  EXPECT_FALSE(ValidateBatch(step, Spec(), Server()).has_value());
+  v1::TransitionBatch edges = NStep(2);
+  edges.set_discounts(0, 0.0f);
+  edges.set_discounts(1, 1.0f);
+  edges.set_actions(2, 2);
+  edges.set_actions(3, 4);
+  EXPECT_FALSE(ValidateBatch(edges, Spec(), Server()).has_value());
+}
+
+TEST(ValidateBatchTest, UnknownKind) {
+  v1::TransitionBatch b = NStep(2);
+  b.set_kind(static_cast<v1::TransitionBatch::Kind>(9));
+  ExpectError(b, "kind", "kind: unknown value 9");
+}
+
+TEST(ValidateBatchTest, CountZeroAndTooLarge) {
+  v1::TransitionBatch empty;
+  empty.set_kind(v1::TransitionBatch::KIND_NSTEP);
+  ExpectError(empty, "count", "count: must be > 0");
+  ExpectError(NStep(101), "count", "count: 101 exceeds server.max_batch_transitions = 100", v1::Error::TOO_LARGE);
+}
+
+TEST(ValidateBatchTest, ObsLength) {
+  v1::TransitionBatch b = NStep(4);
+  b.mutable_obs()->RemoveLast();
+  ExpectError(b, "obs", "obs: 7 values, expected count x obs_dim = 4 x 2 = 8");
+  v1::TransitionBatch c = NStep(4);
+  c.add_next_obs(1.0f);
+  ExpectError(c, "next_obs", "next_obs: 9 values, expected count x obs_dim = 4 x 2 = 8");
+}
+
+TEST(ValidateBatchTest, ActionsLengthWithWrongBranchCount) {
+  v1::TransitionBatch b = NStep(4);
+  b.clear_actions();
+  for (int i = 0; i < 4; ++i) b.add_actions(0);  // one branch instead of two
+  ExpectError(b, "actions", "actions: 4 values, expected count x branches = 4 x 2 = 8");
+}
+
+TEST(ValidateBatchTest, ActionOutOfRangeNamesIndexAndBranch) {
+  v1::TransitionBatch b = NStep(8);
+  b.set_actions(13, 7);
+  ExpectError(b, "actions", "actions[13]: 7 out of range [0, 5) for branch 1");
+  v1::TransitionBatch c = NStep(8);
+  c.set_actions(4, 3);
+  ExpectError(c, "actions", "actions[4]: 3 out of range [0, 3) for branch 0");
+  v1::TransitionBatch d = NStep(8);
+  d.set_actions(0, -1);
+  ExpectError(d, "actions", "actions[0]: -1 out of range [0, 3) for branch 0");
+}
+
+TEST(ValidateBatchTest, RewardsLengthAndFinite) {
+  v1::TransitionBatch b = NStep(4);
+  b.add_rewards(0);
+  ExpectError(b, "rewards", "rewards: 5 values, expected count = 4");
+  v1::TransitionBatch c = NStep(4);
+  c.set_rewards(2, kNaN);
+  ExpectError(c, "rewards", "rewards[2]: nan is not finite");
+  v1::TransitionBatch d = NStep(4);
+  d.set_rewards(3, -kInf);
+  ExpectError(d, "rewards", "rewards[3]: -inf is not finite");
+}
+
+TEST(ValidateBatchTest, ObservationsFinite) {
+  v1::TransitionBatch b = NStep(4);
+  b.set_obs(5, kInf);
+  ExpectError(b, "obs", "obs[5]: inf is not finite");
+  v1::TransitionBatch c = NStep(4);
+  c.set_next_obs(7, kNaN);
+  ExpectError(c, "next_obs", "next_obs[7]: nan is not finite");
+}
+
+TEST(ValidateBatchTest, Discounts) {
+  v1::TransitionBatch b = NStep(4);
+  b.mutable_discounts()->RemoveLast();
+  ExpectError(b, "discounts", "discounts: 3 values, expected count = 4");
+  v1::TransitionBatch c = NStep(4);
+  c.set_discounts(1, 1.5f);
+  ExpectError(c, "discounts", "discounts[1]: 1.5 not in [0, 1]");
+  v1::TransitionBatch d = NStep(4);
+  d.set_discounts(2, -0.25f);
+  ExpectError(d, "discounts", "discounts[2]: -0.25 not in [0, 1]");
+  v1::TransitionBatch e = NStep(4);
+  e.set_discounts(3, kNaN);
+  ExpectError(e, "discounts", "discounts[3]: nan not in [0, 1]");
+}
+
+TEST(ValidateBatchTest, NStepRejectsStepColumns) {
+  v1::TransitionBatch b = NStep(2);
+  b.add_done(true);
+  b.add_done(false);
+  ExpectError(b, "done", "done: only allowed with KIND_STEP");
+  v1::TransitionBatch c = NStep(2);
+  c.add_truncated(true);
+  ExpectError(c, "truncated", "truncated: only allowed with KIND_STEP");
+  v1::TransitionBatch d = NStep(2);
+  d.add_env_ids(1);
+  ExpectError(d, "env_ids", "env_ids: only allowed with KIND_STEP");
+}
+
+TEST(ValidateBatchTest, StepColumns) {
+  v1::TransitionBatch b = Step(3);
+  b.add_discounts(1.0f);
+  ExpectError(b, "discounts", "discounts: must be empty for KIND_STEP (the daemon computes them)");
+  v1::TransitionBatch c = Step(3);
+  c.mutable_done()->RemoveLast();
+  ExpectError(c, "done", "done: 2 values, expected count = 3");
+  v1::TransitionBatch d = Step(3);
+  d.add_truncated(false);
+  ExpectError(d, "truncated", "truncated: 1 values, expected count or 0 = 3");
+  v1::TransitionBatch e = Step(3);
+  for (int i = 0; i < 4; ++i) e.add_env_ids(i);
+  ExpectError(e, "env_ids", "env_ids: 4 values, expected count or 0 = 3");
+}
+
+TEST(ValidateBatchTest, NegativePolicyVersion) {
+  v1::TransitionBatch b = NStep(2);
+  b.set_policy_version(-3);
+  ExpectError(b, "policy_version", "policy_version: -3 is negative");
+}
+
+TEST(ValidateBatchTest, ErrorToProto) {
+  v1::TransitionBatch b = NStep(8);
+  b.set_actions(13, 7);
+  const v1::Error e = ValidateBatch(b, Spec(), Server())->ToProto();
+  EXPECT_EQ(e.code(), v1::Error::INVALID_FIELD);
+  EXPECT_EQ(e.field(), "actions");
+  EXPECT_EQ(e.message(), "actions[13]: 7 out of range [0, 5) for branch 1");
+}
+
+}  // namespace
+}  // namespace qstream
