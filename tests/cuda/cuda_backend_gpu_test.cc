@@ -1,0 +1,225 @@
+// The whole CUDA step against the CPU backend (the oracle) on the same
+// inserted data, bitwise reproducibility, the in-graph guard, asynchronous
+// statistics and step times.
+#include "trainer/cuda/cuda_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "tests/cuda/gpu_test_util.h"
+#include "trainer/config.h"
+#include "trainer/cpu/cpu_backend.h"
+
+namespace qstream {
+namespace {
+
+using testing::RandomUniform;
+using testing::RelError;
+
+v1::TrainerConfig TestConfig(bool tf32) {
+  v1::TrainerConfig c = DefaultConfig();
+  auto* n = c.mutable_network();
+  n->set_obs_dim(8);
+  n->clear_trunk_hidden();
+  n->add_trunk_hidden(32);
+  n->add_trunk_hidden(32);
+  n->set_head_hidden(16);
+  n->set_num_atoms(51);
+  n->clear_branch_actions();
+  n->add_branch_actions(3);
+  n->add_branch_actions(2);
+  c.mutable_replay()->set_capacity(1000);
+  c.mutable_replay()->set_batch_size(32);
+  c.mutable_replay()->set_beta_anneal_steps(100);
+  c.mutable_server()->set_stats_every(1);
+  c.mutable_optimizer()->set_lr(1e-3f);
+  c.set_seed(7);
+  c.set_allow_tf32(tf32);
+  return c;
+}
+
+TransitionColumns RandomTransitions(const v1::TrainerConfig& c, int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  TransitionColumns t;
+  t.n = n;
+  t.obs_dim = c.network().obs_dim();
+  t.num_branches = c.network().branch_actions_size();
+  t.obs = RandomUniform(rng, n * t.obs_dim, -1, 1);
+  t.next_obs = RandomUniform(rng, n * t.obs_dim, -1, 1);
+  t.rewards = RandomUniform(rng, n, -2, 2);
+  t.discounts.assign(n, 0.99f * 0.99f * 0.99f);
+  for (int64_t i = 0; i < n; i += 10) t.discounts[i] = 0.0f;
+  t.actions.resize(n * t.num_branches);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int br = 0; br < t.num_branches; ++br) t.actions[i * t.num_branches + br] = int32_t(rng() % c.network().branch_actions(br));
+  }
+  return t;
+}
+
+std::unique_ptr<Backend> MustCreate(const v1::TrainerConfig& c, bool cuda) {
+  auto b = cuda ? CreateCudaBackend(c) : CreateCpuBackend(c);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? *std::move(b) : nullptr;
+}
+
+// Inserts 1300 items into a 1000-slot ring (so it wraps) in two batches.
+void Fill(Backend* b, const v1::TrainerConfig& c) {
+  ASSERT_TRUE(b->Insert(RandomTransitions(c, 700, 1)).ok());
+  ASSERT_TRUE(b->Insert(RandomTransitions(c, 600, 2)).ok());
+}
+
+// Waits for the device (GetParams synchronizes) so the stats copy landed.
+StepStats SyncedStats(Backend* b) {
+  b->GetParams();
+  return b->last_stats();
+}
+
+void ExpectStatsNear(const StepStats& got, const StepStats& want, double tol, int step) {
+  EXPECT_EQ(got.step, want.step) << "step " << step;
+  EXPECT_EQ(got.guard, want.guard) << "step " << step;
+  auto near = [&](float g, float w, const char* what) {
+    EXPECT_LE(std::fabs(double(g) - w), tol * std::max(1.0, std::fabs(double(w)))) << what << " step " << step;
+  };
+  near(got.loss, want.loss, "loss");
+  near(got.grad_norm, want.grad_norm, "grad_norm");
+  near(got.q_min, want.q_min, "q_min");
+  near(got.q_mean, want.q_mean, "q_mean");
+  near(got.q_max, want.q_max, "q_max");
+  near(got.target_clip_fraction, want.target_clip_fraction, "target_clip_fraction");
+}
+
+class StepVsCpuTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(StepVsCpuTest, TwentyStepsMatchCpuBackend) {
+  QS_SKIP_WITHOUT_GPU();
+  const bool tf32 = GetParam();
+  const double tol = tf32 ? 3e-3 : 1e-5;
+  const v1::TrainerConfig c = TestConfig(tf32);
+  auto gpu = MustCreate(c, true);
+  auto cpu = MustCreate(c, false);
+  ASSERT_TRUE(gpu && cpu);
+  EXPECT_EQ(gpu->GetParams(), cpu->GetParams()) << "same seed, same init";
+  Fill(gpu.get(), c);
+  Fill(cpu.get(), c);
+  EXPECT_EQ(gpu->replay_size(), 1000);
+  double worst = 0;
+  for (int step = 0; step < 20; ++step) {
+    ASSERT_TRUE(gpu->Step().ok());
+    ASSERT_TRUE(cpu->Step().ok());
+    ExpectStatsNear(SyncedStats(gpu.get()), cpu->last_stats(), 10 * tol, step);
+    const double err = RelError(gpu->GetParams(), cpu->GetParams());
+    worst = std::max(worst, err);
+    EXPECT_LE(err, tol) << "params after step " << step;
+  }
+  std::cout << "[ info ] worst params rel error over 20 steps (tf32=" << tf32 << "): " << worst << "\n";
+  EXPECT_EQ(gpu->steps(), 20);
+  EXPECT_EQ(gpu->guard_trips(), cpu->guard_trips());
+  // The trained networks give the same Q-values.
+  const TransitionColumns probe = RandomTransitions(c, 77, 3);
+  std::vector<float> q_gpu, q_cpu;
+  ASSERT_TRUE(gpu->ComputeQ(probe.obs.data(), probe.n, &q_gpu).ok());
+  ASSERT_TRUE(cpu->ComputeQ(probe.obs.data(), probe.n, &q_cpu).ok());
+  EXPECT_LE(RelError(q_gpu, q_cpu), tol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Precision, StepVsCpuTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Tf32" : "ExactFp32"; });
+
+TEST(CudaBackend, TwoRunsBitwiseEqual) {
+  QS_SKIP_WITHOUT_GPU();
+  const v1::TrainerConfig c = TestConfig(/*tf32=*/true);
+  std::vector<float> params[2];
+  StepStats stats[2];
+  for (int run = 0; run < 2; ++run) {
+    auto b = MustCreate(c, true);
+    ASSERT_TRUE(b);
+    Fill(b.get(), c);
+    for (int step = 0; step < 20; ++step) ASSERT_TRUE(b->Step().ok());
+    params[run] = b->GetParams();
+    stats[run] = b->last_stats();
+  }
+  ASSERT_EQ(params[0].size(), params[1].size());
+  EXPECT_EQ(std::memcmp(params[0].data(), params[1].data(), params[0].size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(&stats[0].loss, &stats[1].loss, sizeof(float)), 0);
+  EXPECT_EQ(stats[0].step, 20);
+}
+
+TEST(CudaBackend, GuardSkipsPoisonedStepInGraph) {
+  QS_SKIP_WITHOUT_GPU();
+  const v1::TrainerConfig c = TestConfig(true);
+  auto b = MustCreate(c, true);
+  ASSERT_TRUE(b);
+  TransitionColumns t = RandomTransitions(c, 200, 4);
+  for (float& r : t.rewards) r = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(b->Insert(t).ok());
+  const std::vector<float> before = b->GetParams();
+  for (int step = 0; step < 3; ++step) ASSERT_TRUE(b->Step().ok());
+  EXPECT_EQ(b->GetParams(), before);
+  const StepStats s = b->last_stats();
+  EXPECT_EQ(s.guard, GuardReason::kNonFiniteLoss);
+  EXPECT_EQ(s.step, 3);
+  EXPECT_EQ(b->guard_trips()[static_cast<int>(GuardReason::kNonFiniteLoss)], 3);
+}
+
+TEST(CudaBackend, StatsAndStepTimesArriveWithoutBlocking) {
+  QS_SKIP_WITHOUT_GPU();
+  v1::TrainerConfig c = TestConfig(true);
+  c.mutable_server()->set_stats_every(5);
+  auto b = MustCreate(c, true);
+  ASSERT_TRUE(b);
+  Fill(b.get(), c);
+  for (int step = 0; step < 20; ++step) ASSERT_TRUE(b->Step().ok());
+  const StepStats s = SyncedStats(b.get());
+  EXPECT_EQ(s.step, 20);
+  EXPECT_TRUE(std::isfinite(s.loss) && s.loss > 0);
+  EXPECT_TRUE(std::isfinite(s.grad_norm) && s.grad_norm > 0);
+  EXPECT_LE(s.q_min, s.q_mean);
+  EXPECT_LE(s.q_mean, s.q_max);
+  std::vector<std::pair<double, int64_t>> times;
+  b->DrainStepTimes(&times);
+  int64_t counted = 0;
+  for (const auto& [seconds, n] : times) {
+    EXPECT_GT(seconds, 0.0);
+    counted += n;
+  }
+  EXPECT_EQ(counted, 20);
+}
+
+TEST(CudaBackend, RejectsEmptyReplayAndBadBatches) {
+  QS_SKIP_WITHOUT_GPU();
+  const v1::TrainerConfig c = TestConfig(true);
+  auto b = MustCreate(c, true);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->Step().code(), absl::StatusCode::kFailedPrecondition);
+  TransitionColumns t = RandomTransitions(c, 10, 5);
+  t.actions[3] = 9;
+  EXPECT_EQ(b->Insert(t).code(), absl::StatusCode::kInvalidArgument);
+  t = RandomTransitions(c, 10, 5);
+  t.rewards.pop_back();
+  EXPECT_EQ(b->Insert(t).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->replay_size(), 0);
+}
+
+TEST(CudaBackend, BenchConfigH200Runs) {
+  QS_SKIP_WITHOUT_GPU();
+  auto c = BenchConfig("h200");
+  ASSERT_TRUE(c.ok());
+  c->mutable_replay()->set_batch_size(256);
+  auto b = MustCreate(*c, true);
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(b->Insert(RandomTransitions(*c, 5000, 6)).ok());
+  for (int step = 0; step < 10; ++step) ASSERT_TRUE(b->Step().ok());
+  const StepStats s = SyncedStats(b.get());
+  EXPECT_EQ(s.step, 10);
+  EXPECT_TRUE(std::isfinite(s.loss));
+  EXPECT_EQ(s.guard, GuardReason::kNone);
+}
+
+}  // namespace
+}  // namespace qstream

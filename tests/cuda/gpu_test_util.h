@@ -1,0 +1,86 @@
+// Helpers of the GPU tests: device skip, device arrays that are poisoned
+// before a kernel runs, fresh random inputs, relative errors.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "trainer/cuda/cuda_backend.h"
+
+namespace qstream::testing {
+
+#define QS_SKIP_WITHOUT_GPU()                                \
+  do {                                                       \
+    std::string why_;                                        \
+    if (!::qstream::CudaDeviceAvailable(&why_)) GTEST_SKIP() << why_; \
+  } while (0)
+
+#define QS_ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+// Device copy of a host vector; Poison() fills it with NaN bytes (0xFF) so
+// an element no kernel wrote is caught.
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(size_t n) : n_(n) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)) == cudaSuccess) ptr_ = static_cast<T*>(p);
+  }
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { Upload(host); }
+  ~DeviceArray() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  void Upload(const std::vector<T>& host) {
+    EXPECT_EQ(host.size(), n_);
+    EXPECT_EQ(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  void Poison() { EXPECT_EQ(cudaMemset(ptr_, 0xFF, n_ * sizeof(T)), cudaSuccess); }
+  std::vector<T> Download() const {
+    std::vector<T> host(n_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+  T* get() const { return ptr_; }
+  size_t size() const { return n_; }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_ = 0;
+};
+
+inline std::vector<float> RandomUniform(std::mt19937_64& rng, size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// ||out - ref|| / ||ref||; +inf when any output is non-finite (NaN never passes).
+template <typename A, typename B>
+double RelError(const std::vector<A>& out, const std::vector<B>& ref) {
+  if (out.size() != ref.size()) return std::numeric_limits<double>::infinity();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!std::isfinite(static_cast<double>(out[i]))) return std::numeric_limits<double>::infinity();
+    const double d = static_cast<double>(out[i]) - static_cast<double>(ref[i]);
+    num += d * d;
+    den += static_cast<double>(ref[i]) * static_cast<double>(ref[i]);
+  }
+  if (den == 0) return std::sqrt(num);
+  return std::sqrt(num / den);
+}
+
+}  // namespace qstream::testing

@@ -1,0 +1,570 @@
+// Every CUDA kernel against the CPU reference (trainer/cpu, run in double
+// where it is templated) on fresh random inputs, outputs poisoned first.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/bias_act.h"
+#include "kernels/c51_loss.h"
+#include "kernels/optimizer.h"
+#include "kernels/per_sample.h"
+#include "kernels/views.h"
+#include "tests/cuda/gpu_test_util.h"
+#include "trainer/cpu/c51_loss.h"
+#include "trainer/cpu/optimizer.h"
+#include "trainer/cuda/gemm.h"
+#include "trainer/network_spec.h"
+#include "trainer/rng.h"
+
+namespace qstream {
+namespace {
+
+using testing::DeviceArray;
+using testing::RandomUniform;
+using testing::RelError;
+
+constexpr double kExactTol = 1e-5;
+constexpr double kTf32Tol = 3e-3;
+
+NetworkSpec MakeSpec(std::vector<int> branches, int atoms = 51) {
+  v1::NetworkConfig c;
+  c.set_obs_dim(6);
+  c.add_trunk_hidden(16);
+  c.set_head_hidden(8);
+  c.set_num_atoms(atoms);
+  c.set_v_min(-10);
+  c.set_v_max(10);
+  for (int b : branches) c.add_branch_actions(b);
+  return *NetworkSpec::Create(c);
+}
+
+kernels::HeadShape MakeHead(const NetworkSpec& s) {
+  kernels::HeadShape h;
+  h.num_atoms = s.num_atoms;
+  h.num_branches = s.num_branches();
+  h.total_actions = s.total_actions();
+  h.v_min = s.v_min;
+  h.v_max = s.v_max;
+  h.delta_z = s.delta_z();
+  for (int br = 0; br <= s.num_branches(); ++br) h.branch_offset[br] = s.branch_offset(br);
+  return h;
+}
+
+// Dueling logits of one (row, action) in double: A + (V - mean_a A).
+std::vector<double> Logits(const NetworkSpec& s, const float* v, const float* a, int br, int act) {
+  const int Z = s.num_atoms;
+  const int first = s.branch_offset(br);
+  const int n = s.branch_actions[br];
+  std::vector<double> l(Z);
+  for (int z = 0; z < Z; ++z) {
+    double mean = 0;
+    for (int k = 0; k < n; ++k) mean += a[(first + k) * Z + z];
+    mean /= n;
+    l[z] = a[(first + act) * Z + z] + (v[z] - mean);
+  }
+  return l;
+}
+
+std::vector<double> Softmax(const std::vector<double>& l) {
+  const double mx = *std::max_element(l.begin(), l.end());
+  std::vector<double> p(l.size());
+  double s = 0;
+  for (size_t z = 0; z < l.size(); ++z) s += p[z] = std::exp(l[z] - mx);
+  for (double& x : p) x /= s;
+  return p;
+}
+
+double Expectation(const NetworkSpec& s, const std::vector<double>& p) {
+  double q = 0;
+  for (int z = 0; z < s.num_atoms; ++z) q += p[z] * s.atom(z);
+  return q;
+}
+
+class C51LossTest : public ::testing::TestWithParam<std::vector<int>> {};
+
+TEST_P(C51LossTest, MatchesCpuReference) {
+  QS_SKIP_WITHOUT_GPU();
+  const NetworkSpec spec = MakeSpec(GetParam());
+  const kernels::HeadShape head = MakeHead(spec);
+  const int B = 37, Z = spec.num_atoms, NB = spec.num_branches(), AZ = spec.total_actions() * Z;
+  std::mt19937_64 rng(1234 + NB);
+  const auto ov = RandomUniform(rng, size_t(2 * B) * Z, -2, 2);
+  const auto oa = RandomUniform(rng, size_t(2 * B) * AZ, -2, 2);
+  const auto tv = RandomUniform(rng, size_t(B) * Z, -2, 2);
+  const auto ta = RandomUniform(rng, size_t(B) * AZ, -2, 2);
+  std::vector<int32_t> actions(size_t(B) * NB);
+  for (int b = 0; b < B; ++b) {
+    for (int br = 0; br < NB; ++br) actions[b * NB + br] = int(rng() % spec.branch_actions[br]);
+  }
+  // Rewards reach beyond the support (clipped mass) and some items are terminal.
+  auto rewards = RandomUniform(rng, B, -14, 14);
+  auto discounts = RandomUniform(rng, B, 0.5f, 0.99f);
+  for (int b = 0; b < B; b += 5) discounts[b] = 0.0f;
+  rewards[1] = 3.0f;  // integer positions on the support: the l == u case
+  discounts[1] = 0.0f;
+  const auto weights = RandomUniform(rng, B, 0.1f, 1.0f);
+
+  DeviceArray<float> d_ov(ov), d_oa(oa), d_tv(tv), d_ta(ta), d_r(rewards), d_d(discounts), d_w(weights);
+  DeviceArray<int32_t> d_act(actions);
+  DeviceArray<float> dv(size_t(B) * Z), da(size_t(B) * AZ), ce(B), clip(B), qmin(B), qmax(B), qsum(B);
+  DeviceArray<int32_t> qbad(B);
+  for (auto* a : {&dv, &da, &ce, &clip, &qmin, &qmax, &qsum}) a->Poison();
+  qbad.Poison();
+  kernels::C51LossArgs args;
+  args.head = head;
+  args.batch = B;
+  args.online_v = d_ov.get();
+  args.online_a = d_oa.get();
+  args.target_v = d_tv.get();
+  args.target_a = d_ta.get();
+  args.actions = d_act.get();
+  args.rewards = d_r.get();
+  args.discounts = d_d.get();
+  args.weights = d_w.get();
+  args.dv = dv.get();
+  args.da = da.get();
+  args.ce = ce.get();
+  args.clip_mass = clip.get();
+  args.q_min = qmin.get();
+  args.q_max = qmax.get();
+  args.q_sum = qsum.get();
+  args.q_bad = qbad.get();
+  QS_ASSERT_CUDA(kernels::LaunchC51Loss(args, nullptr));
+
+  std::vector<double> ref_dv(size_t(B) * Z, 0), ref_da(size_t(B) * AZ, 0), ref_ce(B), ref_clip(B), ref_qmin(B),
+      ref_qmax(B), ref_qsum(B);
+  for (int b = 0; b < B; ++b) {
+    double ce_sum = 0, clip_sum = 0, qlo = 1e30, qhi = -1e30, qs = 0;
+    for (int br = 0; br < NB; ++br) {
+      const int first = spec.branch_offset(br), n = spec.branch_actions[br];
+      int best = 0;
+      double best_q = -1e30;
+      for (int a = 0; a < n; ++a) {
+        const double q = Expectation(spec, Softmax(Logits(spec, &ov[(B + b) * Z], &oa[size_t(B + b) * AZ], br, a)));
+        if (q > best_q) best_q = q, best = a;
+      }
+      const auto pt = Softmax(Logits(spec, &tv[b * Z], &ta[size_t(b) * AZ], br, best));
+      std::vector<double> m(Z, 0.0);
+      clip_sum += cpu::ProjectDistribution<double>(spec, pt.data(), rewards[b], discounts[b], m.data());
+      for (int a = 0; a < n; ++a) {
+        const double q = Expectation(spec, Softmax(Logits(spec, &ov[b * Z], &oa[size_t(b) * AZ], br, a)));
+        qlo = std::min(qlo, q), qhi = std::max(qhi, q), qs += q;
+      }
+      const int taken = actions[b * NB + br];
+      const auto l = Logits(spec, &ov[b * Z], &oa[size_t(b) * AZ], br, taken);
+      std::vector<double> dl(Z);
+      ce_sum += cpu::SoftmaxCrossEntropy<double>(l.data(), m.data(), Z, double(weights[b]) / (B * NB), dl.data());
+      for (int z = 0; z < Z; ++z) {
+        ref_dv[b * Z + z] += dl[z];
+        for (int a = 0; a < n; ++a) ref_da[size_t(b) * AZ + (first + a) * Z + z] = (a == taken ? dl[z] : 0.0) - dl[z] / n;
+      }
+    }
+    ref_ce[b] = ce_sum / NB;
+    ref_clip[b] = clip_sum;
+    ref_qmin[b] = qlo;
+    ref_qmax[b] = qhi;
+    ref_qsum[b] = qs;
+  }
+  EXPECT_LE(RelError(dv.Download(), ref_dv), kExactTol);
+  EXPECT_LE(RelError(da.Download(), ref_da), kExactTol);
+  EXPECT_LE(RelError(ce.Download(), ref_ce), kExactTol);
+  EXPECT_LE(RelError(clip.Download(), ref_clip), kExactTol);
+  EXPECT_LE(RelError(qmin.Download(), ref_qmin), kExactTol);
+  EXPECT_LE(RelError(qmax.Download(), ref_qmax), kExactTol);
+  EXPECT_LE(RelError(qsum.Download(), ref_qsum), kExactTol);
+  for (int32_t bad : qbad.Download()) EXPECT_EQ(bad, 0);
+  double clipped = 0;
+  for (double c : ref_clip) clipped += c;
+  EXPECT_GT(clipped, 0.0) << "inputs must exercise clipping";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, C51LossTest,
+                         ::testing::Values(std::vector<int>{2}, std::vector<int>{5, 5, 5, 5}, std::vector<int>{3, 1, 7, 2, 4}));
+
+TEST(QValuesKernel, MatchesCpuReference) {
+  QS_SKIP_WITHOUT_GPU();
+  const NetworkSpec spec = MakeSpec({4, 3});
+  const int rows = 19, Z = spec.num_atoms, AZ = spec.total_actions() * Z, TA = spec.total_actions();
+  std::mt19937_64 rng(77);
+  const auto v = RandomUniform(rng, size_t(rows) * Z, -3, 3);
+  const auto a = RandomUniform(rng, size_t(rows) * AZ, -3, 3);
+  DeviceArray<float> dv(v), da(a), q(size_t(rows) * TA);
+  q.Poison();
+  QS_ASSERT_CUDA(kernels::LaunchQValues(MakeHead(spec), dv.get(), da.get(), rows, q.get(), nullptr));
+  std::vector<double> ref(size_t(rows) * TA);
+  for (int r = 0; r < rows; ++r) {
+    for (int br = 0; br < spec.num_branches(); ++br) {
+      for (int act = 0; act < spec.branch_actions[br]; ++act) {
+        ref[r * TA + spec.branch_offset(br) + act] =
+            Expectation(spec, Softmax(Logits(spec, &v[r * Z], &a[size_t(r) * AZ], br, act)));
+      }
+    }
+  }
+  EXPECT_LE(RelError(q.Download(), ref), kExactTol);
+}
+
+// Sequential double-precision prefix: the sum tree's answer up to rounding.
+TEST(PrioritySample, MatchesSequentialPrefixSearch) {
+  QS_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(5);
+  const int64_t capacity = 5000, size = 3700;
+  const int B = 256;
+  auto prio = RandomUniform(rng, capacity, 0.01f, 3.0f);
+  for (int64_t i = size; i < capacity; ++i) prio[i] = 0.0f;
+  kernels::DeviceState state;
+  state.t = 4321;
+  state.replay_size = size;
+  DeviceArray<kernels::DeviceState> d_state(std::vector<kernels::DeviceState>{state});
+  DeviceArray<float> d_prio(prio);
+  DeviceArray<uint64_t> fixed(capacity), prefix(capacity);
+  size_t temp_bytes = 0;
+  QS_ASSERT_CUDA(kernels::PriorityScanTempBytes(capacity, &temp_bytes));
+  DeviceArray<char> temp(temp_bytes);
+  DeviceArray<int32_t> idx(B);
+  DeviceArray<float> w(B);
+  idx.Poison();
+  w.Poison();
+  kernels::PrioritySampleArgs a;
+  a.priorities = d_prio.get();
+  a.fixed = fixed.get();
+  a.prefix = prefix.get();
+  a.scan_temp = temp.get();
+  a.scan_temp_bytes = temp_bytes;
+  a.capacity = capacity;
+  a.fixed_shift = kernels::FixedPointShift(capacity);
+  a.state = d_state.get();
+  a.seed = 99;
+  a.batch = B;
+  a.beta_start = 0.4f;
+  a.beta_end = 1.0f;
+  a.beta_anneal_steps = 10000;
+  a.indices = idx.get();
+  a.weights = w.get();
+  QS_ASSERT_CUDA(kernels::LaunchPrioritySample(a, nullptr));
+  const auto got_idx = idx.Download();
+  const auto got_w = w.Download();
+
+  std::vector<double> prefix_ref(capacity);
+  double total = 0;
+  for (int64_t i = 0; i < capacity; ++i) prefix_ref[i] = total += prio[i];
+  const double beta = 0.4 + 0.6 * std::min(1.0, 4321.0 / 10000.0);
+  std::vector<double> ref_w(B);
+  double max_w = 0;
+  for (int b = 0; b < B; ++b) {
+    const double u = (b + static_cast<double>(Uniform01(99, 4321, b))) / B * total;
+    const int64_t j = std::upper_bound(prefix_ref.begin(), prefix_ref.end(), u) - prefix_ref.begin();
+    const int64_t slot = std::min(j, size - 1);
+    EXPECT_EQ(got_idx[b], slot) << "b=" << b;
+    ref_w[b] = std::pow(size * prio[slot] / total, -beta);
+    max_w = std::max(max_w, ref_w[b]);
+  }
+  for (double& x : ref_w) x /= max_w;
+  EXPECT_LE(RelError(got_w, ref_w), kExactTol);
+  // The stratified draw is spread over the filled slots only.
+  for (int32_t i : got_idx) EXPECT_LT(i, size);
+}
+
+TEST(Gather, CopiesSampledRows) {
+  QS_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(8);
+  const int64_t capacity = 300;
+  const int D = 37, NB = 3, B = 50;
+  const auto obs = RandomUniform(rng, capacity * D, -1, 1), next = RandomUniform(rng, capacity * D, -1, 1);
+  const auto rew = RandomUniform(rng, capacity, -1, 1), disc = RandomUniform(rng, capacity, 0, 1);
+  std::vector<int32_t> act(capacity * NB), idx(B);
+  for (auto& x : act) x = int32_t(rng() % 5);
+  for (auto& x : idx) x = int32_t(rng() % capacity);
+  DeviceArray<float> d_obs(obs), d_next(next), d_rew(rew), d_disc(disc);
+  DeviceArray<int32_t> d_act(act), d_idx(idx);
+  DeviceArray<float> o(size_t(B) * D), n(size_t(B) * D), r(B), d(B);
+  DeviceArray<int32_t> a(size_t(B) * NB);
+  for (auto* x : {&o, &n, &r, &d}) x->Poison();
+  a.Poison();
+  kernels::GatherArgs g;
+  g.replay.obs = d_obs.get();
+  g.replay.next_obs = d_next.get();
+  g.replay.actions = d_act.get();
+  g.replay.rewards = d_rew.get();
+  g.replay.discounts = d_disc.get();
+  g.replay.capacity = capacity;
+  g.replay.obs_dim = D;
+  g.replay.num_branches = NB;
+  g.indices = d_idx.get();
+  g.batch = B;
+  g.obs = o.get();
+  g.next_obs = n.get();
+  g.actions = a.get();
+  g.rewards = r.get();
+  g.discounts = d.get();
+  QS_ASSERT_CUDA(kernels::LaunchGather(g, nullptr));
+  const auto go = o.Download(), gn = n.Download(), gr = r.Download(), gd = d.Download();
+  const auto ga = a.Download();
+  for (int b = 0; b < B; ++b) {
+    for (int i = 0; i < D; ++i) {
+      ASSERT_EQ(go[b * D + i], obs[idx[b] * D + i]);
+      ASSERT_EQ(gn[b * D + i], next[idx[b] * D + i]);
+    }
+    for (int i = 0; i < NB; ++i) ASSERT_EQ(ga[b * NB + i], act[idx[b] * NB + i]);
+    ASSERT_EQ(gr[b], rew[idx[b]]);
+    ASSERT_EQ(gd[b], disc[idx[b]]);
+  }
+}
+
+TEST(BiasActivation, ForwardAndBackward) {
+  QS_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(9);
+  const int rows = 333, cols = 70;
+  const auto y = RandomUniform(rng, size_t(rows) * cols, -1, 1);
+  const auto bias = RandomUniform(rng, cols, -0.5f, 0.5f);
+  DeviceArray<float> d_y(y), d_b(bias);
+  QS_ASSERT_CUDA(kernels::LaunchBiasActivation({d_y.get(), rows, cols}, d_b.get(), true, nullptr));
+  const auto act = d_y.Download();
+  std::vector<double> ref(y.size());
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) ref[r * cols + c] = std::max(0.0, double(y[r * cols + c]) + bias[c]);
+  EXPECT_LE(RelError(act, ref), kExactTol);
+
+  const auto dy = RandomUniform(rng, size_t(rows) * cols, -1, 1);
+  DeviceArray<float> d_dy(dy), db(cols);
+  db.Poison();
+  QS_ASSERT_CUDA(kernels::LaunchActivationBackwardBiasGrad({d_dy.get(), rows, cols}, d_y.get(), db.get(), nullptr));
+  std::vector<double> ref_dy(dy.size()), ref_db(cols, 0.0);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) {
+      ref_dy[r * cols + c] = act[r * cols + c] > 0 ? dy[r * cols + c] : 0.0;
+      ref_db[c] += ref_dy[r * cols + c];
+    }
+  }
+  EXPECT_LE(RelError(d_dy.Download(), ref_dy), kExactTol);
+  EXPECT_LE(RelError(db.Download(), ref_db), kExactTol);
+}
+
+class GemmTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GemmTest, ThreeLinearGemmsMatchDouble) {
+  QS_SKIP_WITHOUT_GPU();
+  const bool tf32 = GetParam();
+  const double tol = tf32 ? kTf32Tol : kExactTol;
+  std::mt19937_64 rng(tf32 ? 10 : 11);
+  const int rows = 129, in = 48, out = 77;
+  const auto x = RandomUniform(rng, size_t(rows) * in, -1, 1);
+  const auto w = RandomUniform(rng, size_t(out) * in, -1, 1);
+  const auto dy = RandomUniform(rng, size_t(rows) * out, -1, 1);
+  const auto dx0 = RandomUniform(rng, size_t(rows) * in, -1, 1);
+  cudaStream_t stream = nullptr;
+  QS_ASSERT_CUDA(cudaStreamCreate(&stream));
+  {
+    cuda::Gemm gemm;
+    ASSERT_TRUE(gemm.Init(stream, tf32).ok());
+    DeviceArray<float> d_x(x), d_w(w), d_dy(dy), d_dx(dx0), y(size_t(rows) * out), dw(size_t(out) * in);
+    y.Poison();
+    dw.Poison();
+    ASSERT_TRUE(gemm.Forward(d_x.get(), d_w.get(), rows, in, out, y.get()).ok());
+    ASSERT_TRUE(gemm.BackwardData(d_dy.get(), d_w.get(), rows, in, out, d_dx.get(), 1.0f).ok());
+    ASSERT_TRUE(gemm.BackwardWeight(d_dy.get(), d_x.get(), rows, in, out, dw.get()).ok());
+    std::vector<double> ry(size_t(rows) * out, 0), rdx(dx0.begin(), dx0.end()), rdw(size_t(out) * in, 0);
+    for (int r = 0; r < rows; ++r)
+      for (int o = 0; o < out; ++o)
+        for (int i = 0; i < in; ++i) {
+          ry[r * out + o] += double(x[r * in + i]) * w[o * in + i];
+          rdx[r * in + i] += double(dy[r * out + o]) * w[o * in + i];
+          rdw[o * in + i] += double(dy[r * out + o]) * x[r * in + i];
+        }
+    EXPECT_LE(RelError(y.Download(), ry), tol);
+    EXPECT_LE(RelError(d_dx.Download(), rdx), tol);
+    EXPECT_LE(RelError(dw.Download(), rdw), tol);
+  }
+  cudaStreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GemmTest, ::testing::Values(false, true));
+
+struct FinalizeCase {
+  const char* name;
+  int poison;  // 0 none, 1 NaN CE, 2 inf grad, 3 huge grad, 4 Q out of range
+  GuardReason expect;
+};
+
+class FinalizeTest : public ::testing::TestWithParam<FinalizeCase> {};
+
+TEST_P(FinalizeTest, NormStatsAndGuard) {
+  QS_SKIP_WITHOUT_GPU();
+  const FinalizeCase c = GetParam();
+  std::mt19937_64 rng(12 + c.poison);
+  const int B = 300, NB = 3, TA = 9;
+  const int64_t n = 100003;
+  auto g = RandomUniform(rng, n, -0.1f, 0.1f);
+  auto ce = RandomUniform(rng, B, 0.1f, 4.0f);
+  const auto w = RandomUniform(rng, B, 0.1f, 1.0f), clip = RandomUniform(rng, B, 0.0f, 0.5f);
+  auto qmin = RandomUniform(rng, B, -5, -1), qmax = RandomUniform(rng, B, 1, 5);
+  const auto qsum = RandomUniform(rng, B, -9, 9);
+  if (c.poison == 1) ce[17] = std::numeric_limits<float>::quiet_NaN();
+  if (c.poison == 2) g[5000] = std::numeric_limits<float>::infinity();
+  if (c.poison == 3) g[n - 1] = 5000.0f;
+  if (c.poison == 4) qmax[3] = 11.0f;
+  DeviceArray<float> d_g(g), d_ce(ce), d_w(w), d_clip(clip), d_qmin(qmin), d_qmax(qmax), d_qsum(qsum);
+  DeviceArray<int32_t> d_bad(std::vector<int32_t>(B, 0));
+  DeviceArray<float> partials(kernels::kNormBlocks);
+  partials.Poison();
+  kernels::DeviceState init;
+  init.t = 41;
+  init.adam_updates = 6;
+  DeviceArray<kernels::DeviceState> state(std::vector<kernels::DeviceState>{init});
+  QS_ASSERT_CUDA(kernels::LaunchGradSumSquares(d_g.get(), n, partials.get(), nullptr));
+  kernels::FinalizeArgs a;
+  a.norm_partials = partials.get();
+  a.ce = d_ce.get();
+  a.weights = d_w.get();
+  a.clip_mass = d_clip.get();
+  a.q_min = d_qmin.get();
+  a.q_max = d_qmax.get();
+  a.q_sum = d_qsum.get();
+  a.q_bad = d_bad.get();
+  a.batch = B;
+  a.num_branches = NB;
+  a.total_actions = TA;
+  a.max_grad_norm = 1000.0f;
+  a.q_bound = 10.001f;
+  a.clip_grad_norm = 10.0f;
+  a.beta1 = 0.9f;
+  a.beta2 = 0.999f;
+  a.state = state.get();
+  QS_ASSERT_CUDA(kernels::LaunchFinalize(a, nullptr));
+  const kernels::DeviceState s = state.Download()[0];
+
+  const double norm = cpu::GlobalNorm(g.data(), n);
+  double loss = 0, clip_sum = 0, qs = 0, lo = 1e30, hi = -1e30;
+  for (int b = 0; b < B; ++b) {
+    loss += double(w[b]) * ce[b];
+    clip_sum += clip[b];
+    qs += qsum[b];
+    lo = std::min<double>(lo, qmin[b]);
+    hi = std::max<double>(hi, qmax[b]);
+  }
+  loss /= B;
+  EXPECT_EQ(s.stats.guard, static_cast<int32_t>(c.expect)) << c.name;
+  EXPECT_EQ(s.stats.step, 42);
+  if (c.poison == 0) {
+    EXPECT_NEAR(s.stats.grad_norm, norm, norm * kExactTol);
+    EXPECT_NEAR(s.stats.loss, loss, loss * kExactTol);
+    EXPECT_NEAR(s.stats.target_clip_fraction, clip_sum / (B * NB), kExactTol);
+    EXPECT_NEAR(s.stats.q_mean, qs / (B * TA), 1e-5);
+    EXPECT_EQ(s.stats.q_min, static_cast<float>(lo));
+    EXPECT_EQ(s.stats.q_max, static_cast<float>(hi));
+    EXPECT_EQ(s.apply, 1);
+    EXPECT_EQ(s.adam_updates, 7);
+    EXPECT_NEAR(s.clip_scale, cpu::ClipScale(static_cast<float>(norm), 10.0f), 1e-6);
+    EXPECT_NEAR(s.bias_correction1, 1.0 - std::pow(0.9, 7), 1e-7);
+    EXPECT_NEAR(s.bias_correction2, 1.0 - std::pow(0.999, 7), 1e-7);
+    for (int64_t t : s.guard_trips) EXPECT_EQ(t, 0);
+  } else {
+    EXPECT_EQ(s.apply, 0);
+    EXPECT_EQ(s.adam_updates, 6);
+    EXPECT_EQ(s.guard_trips[static_cast<int>(c.expect)], 1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Guard, FinalizeTest,
+                         ::testing::Values(FinalizeCase{"clean", 0, GuardReason::kNone},
+                                           FinalizeCase{"nan_loss", 1, GuardReason::kNonFiniteLoss},
+                                           FinalizeCase{"inf_grad", 2, GuardReason::kNonFiniteGrad},
+                                           FinalizeCase{"grad_norm", 3, GuardReason::kGradNorm},
+                                           FinalizeCase{"q_range", 4, GuardReason::kQRange}));
+
+class AdamTest : public ::testing::TestWithParam<int> {};  // param: target period
+
+TEST_P(AdamTest, MatchesCpuAdamAndTarget) {
+  QS_SKIP_WITHOUT_GPU();
+  const int period = GetParam();
+  std::mt19937_64 rng(13 + period);
+  const int64_t n = 54321;
+  const auto theta = RandomUniform(rng, n, -1, 1), g = RandomUniform(rng, n, -1, 1), m = RandomUniform(rng, n, -0.1f, 0.1f);
+  const auto v = RandomUniform(rng, n, 0, 0.01f), target = RandomUniform(rng, n, -1, 1);
+  for (int apply = 0; apply <= 1; ++apply) {
+    kernels::DeviceState s;
+    s.t = 9;  // (t + 1) % 5 == 0: a copy step when period == 5
+    s.apply = apply;
+    s.clip_scale = 0.7f;
+    s.adam_updates = 3;
+    s.bias_correction1 = static_cast<float>(1.0 - std::pow(0.9, 3));
+    s.bias_correction2 = static_cast<float>(1.0 - std::pow(0.999, 3));
+    DeviceArray<kernels::DeviceState> state(std::vector<kernels::DeviceState>{s});
+    DeviceArray<float> d_theta(theta), d_g(g), d_m(m), d_v(v), d_t(target);
+    kernels::AdamArgs a;
+    a.params = d_theta.get();
+    a.grads = d_g.get();
+    a.m = d_m.get();
+    a.v = d_v.get();
+    a.target = d_t.get();
+    a.n = n;
+    a.lr = 1e-3f;
+    a.beta1 = 0.9f;
+    a.beta2 = 0.999f;
+    a.epsilon = 1e-8f;
+    a.tau = 0.005f;
+    a.target_period = period;
+    a.state = state.get();
+    QS_ASSERT_CUDA(kernels::LaunchAdamTarget(a, nullptr));
+    auto rt = theta, rm = m, rv = v, rtarget = target;
+    if (apply) cpu::AdamUpdate({1e-3f, 0.9f, 0.999f, 1e-8f}, 3, 0.7f, g.data(), rm.data(), rv.data(), rt.data(), n);
+    if (period == 0) cpu::EmaUpdate(0.005f, rt.data(), rtarget.data(), n);
+    if (period == 5) rtarget = rt;
+    EXPECT_LE(RelError(d_theta.Download(), rt), kExactTol);
+    EXPECT_LE(RelError(d_m.Download(), rm), kExactTol);
+    EXPECT_LE(RelError(d_v.Download(), rv), kExactTol);
+    EXPECT_LE(RelError(d_t.Download(), rtarget), kExactTol);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TargetPeriods, AdamTest, ::testing::Values(0, 5, 7));
+
+TEST(PriorityWriteBack, LargestBatchIndexWinsAndMaxPriority) {
+  QS_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(14);
+  const int64_t capacity = 100;
+  const int B = 600;  // many duplicate slots
+  const auto prio = RandomUniform(rng, capacity, 0.1f, 1.0f);
+  const auto ce = RandomUniform(rng, B, 0.0f, 6.0f);
+  std::vector<int32_t> idx(B);
+  for (auto& i : idx) i = int32_t(rng() % capacity);
+  for (int apply = 0; apply <= 1; ++apply) {
+    kernels::DeviceState s;
+    s.t = 3;
+    s.apply = apply;
+    s.max_priority = 1.0f;
+    DeviceArray<kernels::DeviceState> state(std::vector<kernels::DeviceState>{s});
+    DeviceArray<float> d_prio(prio), d_ce(ce);
+    DeviceArray<int32_t> d_idx(idx);
+    kernels::PriorityWriteArgs a;
+    a.priorities = d_prio.get();
+    a.indices = d_idx.get();
+    a.ce = d_ce.get();
+    a.batch = B;
+    a.epsilon = 1e-6f;
+    a.alpha = 0.6f;
+    a.state = state.get();
+    QS_ASSERT_CUDA(kernels::LaunchPriorityWriteBack(a, nullptr));
+    auto ref = prio;
+    float max_p = 1.0f;
+    if (apply) {
+      for (int b = 0; b < B; ++b) {
+        const float p = std::pow(ce[b] + 1e-6f, 0.6f);
+        ref[idx[b]] = p;
+        max_p = std::max(max_p, p);
+      }
+    }
+    EXPECT_LE(RelError(d_prio.Download(), ref), kExactTol);
+    const kernels::DeviceState out = state.Download()[0];
+    EXPECT_NEAR(out.max_priority, max_p, max_p * kExactTol);
+    EXPECT_EQ(out.t, 4);
+  }
+}
+
+}  // namespace
+}  // namespace qstream
