@@ -1,0 +1,316 @@
+#include "trainer/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "trainer/config.h"
+#include "trainer/cpu/c51_loss.h"
+#include "trainer/cpu/forward.h"
+#include "trainer/cpu/replay.h"
+
+namespace qstream {
+namespace {
+
+v1::TrainerConfig TestConfig() {
+  v1::TrainerConfig c;
+  auto* n = c.mutable_network();
+  n->set_obs_dim(4);
+  n->add_trunk_hidden(16);
+  n->add_trunk_hidden(12);
+  n->set_head_hidden(10);
+  n->set_num_atoms(11);
+  n->set_v_min(-5);
+  n->set_v_max(5);
+  n->add_branch_actions(3);
+  n->add_branch_actions(2);
+  c.mutable_replay()->set_capacity(128);
+  c.mutable_replay()->set_batch_size(16);
+  c.mutable_replay()->set_beta_anneal_steps(10);
+  c.mutable_rate_limiter()->set_min_size_to_sample(1);
+  c.set_seed(3);
+  FillDefaults(&c);
+  return c;
+}
+
+std::unique_ptr<Backend> Make(const v1::TrainerConfig& config) {
+  auto backend = CreateCpuBackend(config);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return *std::move(backend);
+}
+
+// Random transitions: rewards in [-2, 2] (some beyond the support after
+// bootstrapping), every fifth item terminal.
+TransitionColumns RandomItems(const NetworkSpec& spec, int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> obs(0, 1);
+  std::uniform_real_distribution<float> u(-2, 2);
+  TransitionColumns c;
+  c.n = n;
+  c.obs_dim = spec.obs_dim;
+  c.num_branches = spec.num_branches();
+  for (int i = 0; i < n; ++i) {
+    for (int d = 0; d < spec.obs_dim; ++d) {
+      c.obs.push_back(obs(rng));
+      c.next_obs.push_back(obs(rng));
+    }
+    for (int br = 0; br < spec.num_branches(); ++br) c.actions.push_back(rng() % spec.branch_actions[br]);
+    c.rewards.push_back(u(rng));
+    c.discounts.push_back(i % 5 == 0 ? 0.0f : 0.970299f);
+  }
+  return c;
+}
+
+TEST(CpuBackendTest, StepNeedsData) {
+  auto backend = Make(TestConfig());
+  EXPECT_EQ(backend->name(), "cpu");
+  EXPECT_EQ(backend->replay_capacity(), 128);
+  EXPECT_EQ(backend->Step().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(CpuBackendTest, InsertValidatesShapesAndActionRanges) {
+  auto backend = Make(TestConfig());
+  const NetworkSpec& spec = backend->spec();
+  EXPECT_TRUE(backend->Insert(RandomItems(spec, 10, 1)).ok());
+  EXPECT_EQ(backend->replay_size(), 10);
+  auto bad = RandomItems(spec, 3, 2);
+  bad.actions[3] = 2;  // item 1, branch 1 has 2 actions
+  auto st = backend->Insert(bad);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("actions"), std::string::npos) << st;
+  bad = RandomItems(spec, 3, 2);
+  bad.discounts.pop_back();
+  st = backend->Insert(bad);
+  EXPECT_NE(st.message().find("discounts"), std::string::npos) << st;
+  EXPECT_EQ(backend->replay_size(), 10);
+}
+
+TEST(CpuBackendTest, ComputeQUsesTheOnlineParams) {
+  auto backend = Make(TestConfig());
+  const NetworkSpec& spec = backend->spec();
+  const auto items = RandomItems(spec, 5, 3);
+  auto params = backend->GetParams();
+  ASSERT_EQ(static_cast<int64_t>(params.size()), spec.num_params);
+  for (float& p : params) p *= 1.5f;
+  ASSERT_TRUE(backend->SetParams(params).ok());
+  std::vector<float> q, expected(5 * spec.total_actions());
+  ASSERT_TRUE(backend->ComputeQ(items.obs.data(), 5, &q).ok());
+  ComputeQValues(spec, params.data(), items.obs.data(), 5, expected.data());
+  EXPECT_EQ(q, expected);
+  EXPECT_FALSE(backend->SetParams(std::vector<float>(3)).ok());
+}
+
+TEST(CpuBackendTest, StepTrainsAndReportsStatsAndTimes) {
+  auto backend = Make(TestConfig());
+  ASSERT_TRUE(backend->Insert(RandomItems(backend->spec(), 100, 4)).ok());
+  const auto before = backend->GetParams();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(backend->Step().ok());
+  EXPECT_EQ(backend->steps(), 3);
+  EXPECT_NE(backend->GetParams(), before);
+  const StepStats s = backend->last_stats();
+  EXPECT_EQ(s.step, 3);
+  EXPECT_EQ(s.guard, GuardReason::kNone);
+  EXPECT_GT(s.loss, 0);
+  EXPECT_GT(s.grad_norm, 0);
+  EXPECT_LE(s.q_min, s.q_mean);
+  EXPECT_LE(s.q_mean, s.q_max);
+  EXPECT_GE(s.target_clip_fraction, 0);
+  EXPECT_LE(s.target_clip_fraction, 1);
+  std::vector<std::pair<double, int64_t>> times;
+  backend->DrainStepTimes(&times);
+  ASSERT_EQ(times.size(), 3u);
+  for (const auto& [seconds, count] : times) {
+    EXPECT_GT(seconds, 0);
+    EXPECT_EQ(count, 1);
+  }
+  times.clear();
+  backend->DrainStepTimes(&times);
+  EXPECT_TRUE(times.empty());
+  EXPECT_EQ(backend->guard_trips(), std::vector<int64_t>(kNumGuardReasons, 0));
+}
+
+TEST(CpuBackendTest, SameSeedAndDataGiveBitwiseEqualWeights) {
+  const auto config = TestConfig();
+  auto a = Make(config);
+  auto b = Make(config);
+  auto other_config = config;
+  other_config.set_seed(4);
+  auto c = Make(other_config);
+  for (int round = 0; round < 5; ++round) {
+    const auto items = RandomItems(a->spec(), 40, 100 + round);
+    for (Backend* backend : {a.get(), b.get(), c.get()}) {
+      ASSERT_TRUE(backend->Insert(items).ok());
+      for (int i = 0; i < 6; ++i) ASSERT_TRUE(backend->Step().ok());
+    }
+  }
+  EXPECT_EQ(a->GetParams(), b->GetParams());
+  EXPECT_EQ(a->last_stats().loss, b->last_stats().loss);
+  EXPECT_NE(a->GetParams(), c->GetParams());
+}
+
+// Steps 1-11 composed from the CPU pieces in double precision, with the
+// backend's float step checked against them: sampling (seed, step, beta
+// annealing), IS weights, clip, Adam bias correction, target update, priority
+// write-back feeding the next step's sampling.
+void CheckAgainstReference(const v1::TrainerConfig& config, int steps) {
+  auto backend = Make(config);
+  const NetworkSpec spec = backend->spec();
+  const auto items = RandomItems(spec, 60, 5);
+  ASSERT_TRUE(backend->Insert(items).ok());
+
+  const auto& rc = config.replay();
+  const auto& oc = config.optimizer();
+  cpu::PrioritizedReplay replay(rc.capacity(), spec.obs_dim, spec.num_branches());
+  replay.Insert(items);
+  std::vector<double> online, target, m(spec.num_params, 0), v(spec.num_params, 0);
+  for (float x : InitParams(spec, config.seed())) online.push_back(x);
+  target = online;
+  const int B = rc.batch_size();
+  cpu::C51Loss<double> loss(spec);
+  cpu::LossBatch<double> batch;
+  batch.Resize(spec, B);
+  std::vector<int64_t> slots(B);
+  std::vector<float> weights(B);
+  for (int t = 0; t < steps; ++t) {
+    const double beta =
+        rc.beta_start() + (rc.beta_end() - rc.beta_start()) * std::min(1.0, double{1.0} * t / rc.beta_anneal_steps());
+    replay.Sample(B, config.seed(), t, beta, slots.data(), weights.data());
+    for (int b = 0; b < B; ++b) {
+      for (int d = 0; d < spec.obs_dim; ++d) {
+        batch.obs(d, b) = replay.obs(slots[b])[d];
+        batch.obs(d, B + b) = replay.next_obs(slots[b])[d];
+      }
+      for (int br = 0; br < spec.num_branches(); ++br)
+        batch.actions[b * spec.num_branches() + br] = replay.actions(slots[b])[br];
+      batch.rewards[b] = replay.reward(slots[b]);
+      batch.discounts[b] = replay.discount(slots[b]);
+      batch.weights[b] = weights[b];
+    }
+    cpu::LossResult<double> r;
+    loss.Compute(online.data(), target.data(), batch, &r);
+    double norm = 0;
+    for (double g : r.grads) norm += g * g;
+    norm = std::sqrt(norm);
+    const double scale = std::min(1.0, oc.clip_grad_norm() / (norm + 1e-6));
+    for (int64_t i = 0; i < spec.num_params; ++i) {
+      const double g = r.grads[i] * scale;
+      m[i] = oc.beta1() * m[i] + (1 - oc.beta1()) * g;
+      v[i] = oc.beta2() * v[i] + (1 - oc.beta2()) * g * g;
+      online[i] -= oc.lr() * (m[i] / (1 - std::pow(oc.beta1(), t + 1))) /
+                   (std::sqrt(v[i] / (1 - std::pow(oc.beta2(), t + 1))) + oc.epsilon());
+    }
+    if (oc.target_update_period() > 0) {
+      if ((t + 1) % oc.target_update_period() == 0) target = online;
+    } else {
+      for (int64_t i = 0; i < spec.num_params; ++i) target[i] += oc.target_tau() * (online[i] - target[i]);
+    }
+    std::vector<float> item_loss(r.item_loss.begin(), r.item_loss.end());
+    replay.UpdatePriorities(B, slots.data(), item_loss.data(), rc.priority_epsilon(), rc.alpha());
+
+    ASSERT_TRUE(backend->Step().ok());
+    const StepStats s = backend->last_stats();
+    EXPECT_NEAR(s.loss, r.loss, 1e-5 * r.loss) << "step " << t;
+    EXPECT_NEAR(s.grad_norm, norm, 1e-4 * norm) << "step " << t;
+    EXPECT_NEAR(s.target_clip_fraction, r.target_clip_fraction, 1e-5) << "step " << t;
+  }
+  const auto params = backend->GetParams();
+  double max_diff = 0;
+  for (int64_t i = 0; i < spec.num_params; ++i) max_diff = std::max(max_diff, std::fabs(params[i] - online[i]));
+  // Each Adam step moves a parameter by about lr; float vs double differ far less.
+  EXPECT_LT(max_diff, 0.02 * oc.lr());
+}
+
+TEST(CpuBackendTest, StepMatchesDoublePrecisionReferenceWithEmaTarget) {
+  auto config = TestConfig();
+  config.mutable_optimizer()->set_target_tau(0.3f);  // large, so target errors show in the loss
+  config.mutable_optimizer()->set_clip_grad_norm(0.05f);
+  CheckAgainstReference(config, 6);
+}
+
+TEST(CpuBackendTest, StepMatchesDoublePrecisionReferenceWithPeriodicTarget) {
+  auto config = TestConfig();
+  config.mutable_optimizer()->set_target_update_period(2);
+  config.mutable_optimizer()->set_lr(0.01f);
+  config.mutable_replay()->set_beta_anneal_steps(0);
+  CheckAgainstReference(config, 6);
+}
+
+// Guard: a poisoned step changes no weight (bitwise) and counts its reason.
+void ExpectSkipped(const v1::TrainerConfig& config, const TransitionColumns& items, GuardReason reason) {
+  auto backend = Make(config);
+  ASSERT_TRUE(backend->Insert(items).ok());
+  const auto before = backend->GetParams();
+  ASSERT_TRUE(backend->Step().ok());
+  EXPECT_EQ(backend->last_stats().guard, reason);
+  EXPECT_EQ(backend->steps(), 1);
+  const auto after = backend->GetParams();
+  ASSERT_EQ(after.size(), before.size());
+  EXPECT_EQ(0, std::memcmp(after.data(), before.data(), after.size() * sizeof(float)));
+  auto expected = std::vector<int64_t>(kNumGuardReasons, 0);
+  expected[static_cast<int>(reason)] = 1;
+  EXPECT_EQ(backend->guard_trips(), expected);
+}
+
+TEST(CpuBackendGuardTest, NanObservationSkipsTheUpdate) {
+  const auto config = TestConfig();
+  auto items = RandomItems(*NetworkSpec::Create(config.network()), 8, 6);
+  for (size_t i = 0; i < items.obs.size(); i += 4) items.obs[i] = std::nanf("");
+  ExpectSkipped(config, items, GuardReason::kNonFiniteLoss);
+}
+
+TEST(CpuBackendGuardTest, NanNextObservationSkipsTheUpdate) {
+  const auto config = TestConfig();
+  auto items = RandomItems(*NetworkSpec::Create(config.network()), 8, 6);
+  for (size_t i = 0; i < items.next_obs.size(); i += 4) items.next_obs[i] = std::nanf("");
+  ExpectSkipped(config, items, GuardReason::kNonFiniteLoss);
+}
+
+TEST(CpuBackendGuardTest, NanRewardSkipsTheUpdate) {
+  const auto config = TestConfig();
+  auto items = RandomItems(*NetworkSpec::Create(config.network()), 8, 6);
+  for (float& r : items.rewards) r = std::nanf("");
+  ExpectSkipped(config, items, GuardReason::kNonFiniteLoss);
+}
+
+TEST(CpuBackendGuardTest, LargeGradientNormSkipsTheUpdate) {
+  auto config = TestConfig();
+  config.mutable_guard()->set_max_grad_norm(1e-6f);
+  ExpectSkipped(config, RandomItems(*NetworkSpec::Create(config.network()), 8, 7), GuardReason::kGradNorm);
+}
+
+TEST(CpuBackendGuardTest, QOutOfRangeSkipsTheUpdate) {
+  auto config = TestConfig();
+  config.mutable_guard()->set_max_abs_q(1e-6f);
+  ExpectSkipped(config, RandomItems(*NetworkSpec::Create(config.network()), 8, 8), GuardReason::kQRange);
+}
+
+// Adam's step count k counts applied updates only: a tripped step followed by
+// a good one equals a single good step on a fresh backend.
+TEST(CpuBackendGuardTest, TrippedStepDoesNotAdvanceAdam) {
+  auto config = TestConfig();
+  config.mutable_replay()->set_capacity(1);
+  const NetworkSpec spec = *NetworkSpec::Create(config.network());
+  auto poisoned = RandomItems(spec, 1, 9);
+  poisoned.obs[0] = std::nanf("");
+  const auto good = RandomItems(spec, 1, 10);
+
+  auto tripped = Make(config);
+  ASSERT_TRUE(tripped->Insert(poisoned).ok());
+  ASSERT_TRUE(tripped->Step().ok());
+  ASSERT_EQ(tripped->last_stats().guard, GuardReason::kNonFiniteLoss);
+  ASSERT_TRUE(tripped->Insert(good).ok());
+  ASSERT_TRUE(tripped->Step().ok());
+  ASSERT_EQ(tripped->last_stats().guard, GuardReason::kNone);
+
+  auto fresh = Make(config);
+  ASSERT_TRUE(fresh->Insert(good).ok());
+  ASSERT_TRUE(fresh->Step().ok());
+  EXPECT_EQ(tripped->GetParams(), fresh->GetParams());
+}
+
+}  // namespace
+}  // namespace qstream
