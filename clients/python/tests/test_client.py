@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tcp_proxy import TcpProxy
 
 from qstream import ActorClient, BatchRejected, nstep_batch, step_batch
 
@@ -133,3 +134,30 @@ def test_killed_client_loses_nothing_acknowledged(start_daemon):
     assert acked <= ingested <= sent
     assert ingested % 100 == 0  # batches are inserted whole or not at all
     assert st.replay_size == ingested
+
+
+def test_reconnect_resends_unacknowledged_without_duplicates(start_daemon):
+    """Connections cut twice mid-stream: the client reconnects, resends what
+    was not acknowledged under the same stream_id/sequence, and the replay
+    ends up with every transition exactly once."""
+    d = start_daemon(IDLE_CONFIG)
+    proxy = TcpProxy(d.grpc)
+    rng = np.random.default_rng(3)
+    batches, per_batch = 120, 50
+    try:
+        with ActorClient(proxy.address, max_in_flight=8, max_backoff_s=0.5) as c:
+            for i in range(batches):
+                if i in (40, 80):
+                    assert proxy.cut() > 0
+                obs = rng.normal(size=(per_batch, 4))
+                c.send(nstep_batch(obs, rng.integers(0, 2, per_batch), np.ones(per_batch),
+                                   np.full(per_batch, 0.9), obs))
+            c.flush(timeout=60)
+            stats = c.stats
+    finally:
+        proxy.close()
+    assert stats.reconnects >= 2
+    assert stats.acked_batches == stats.sent_batches == batches
+    st = d.status()
+    assert st.transitions_ingested == batches * per_batch
+    assert st.replay_size == batches * per_batch
