@@ -115,26 +115,33 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
     }
     // 6. Projection of Tz = R + discount * z.
     float clip = 0.0f;
+    bool nonfinite = false;
 #pragma unroll
     for (int k = 0; k < kAtomsPerLane; ++k) {
       const int j = lane + 32 * k;
       if (j < Z) {
         const float tz = reward + discount * Atom(h, j);
         if (tz < h.v_min || tz > h.v_max) clip += l[k];
-        const float tzc = fminf(fmaxf(tz, h.v_min), h.v_max);
-        const float bj = fminf(fmaxf((tzc - h.v_min) / h.delta_z, 0.0f), static_cast<float>(Z - 1));
+        // Comparisons, not fminf/fmaxf, so that a NaN target stays NaN.
+        const float tzc = tz < h.v_min ? h.v_min : (tz > h.v_max ? h.v_max : tz);
+        float bj = (tzc - h.v_min) / h.delta_z;
+        bj = bj < 0.0f ? 0.0f : (bj > static_cast<float>(Z - 1) ? static_cast<float>(Z - 1) : bj);
+        nonfinite = nonfinite || !isfinite(bj);
         sh_pt[j] = l[k];
         sh_bj[j] = bj;
       }
     }
     clip = WarpSum(clip);
+    // A non-finite target poisons the whole projected distribution (as the
+    // CPU oracle does) so the guard sees it.
+    const bool poisoned = __any_sync(0xffffffffu, nonfinite);
     __syncwarp();
     float m[kAtomsPerLane];
 #pragma unroll
     for (int k = 0; k < kAtomsPerLane; ++k) {
       const int i = lane + 32 * k;
       float acc = 0.0f;
-      if (i < Z) {
+      if (i < Z && !poisoned) {
         for (int j = 0; j < Z; ++j) {
           const float bj = sh_bj[j];
           const float lo = floorf(bj);
@@ -149,7 +156,7 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
           }
         }
       }
-      m[k] = acc;
+      m[k] = poisoned ? NAN : acc;
     }
     __syncwarp();
 

@@ -35,7 +35,7 @@ constexpr double kSupportBoundSlack = 1e-4;
 // Pinned copies of the device statistics in flight at once.
 constexpr int kStatsSlots = 4;
 // Step-time windows (event pairs) that may wait for DrainStepTimes.
-constexpr int kTimingWindows = 64;
+constexpr int kTimingWindows = 512;
 // Default shared memory a block may use without opting in.
 constexpr size_t kSharedBytesLimit = 48 * 1024;
 

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repository root, over a folder staged by
+# deploy/gpu-stage.sh: GPU tests, compute-sanitizer (memcheck + racecheck) on
+# a few steps, qstream-bench learner on the h200 and small configs and the
+# PyTorch peer in the same invocation. Logs go to $OUT (at most 8 files).
+# Usage: stage/gpu-run.sh [STAGE_DIR]   (env SKIP_TESTS=1, SKIP_SANITIZER=1, SKIP_PEER=1)
+set -uo pipefail
+stage="$(cd "${1:-$(dirname "$0")}" && pwd)"
+out="${OUT:-/tmp/qstream-out}"
+mkdir -p "$out"
+cuda_libs="$(dirname "$(ldconfig -p | awk '/libcublasLt.so.13/ {print $NF; exit}')" 2>/dev/null)"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         "$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null)"; do
+  [[ -e "$d/libcublasLt.so.13" ]] && cuda_libs="$cuda_libs:$d"
+done
+export LD_LIBRARY_PATH="$stage/lib:${cuda_libs#:}:${LD_LIBRARY_PATH:-}"
+bin="$stage/bin"
+summary="$out/summary.txt"
+{
+  echo "== device"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+} > "$summary" 2>&1
+
+if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
+  for t in kernels_gpu_test cuda_backend_gpu_test; do
+    timeout 300 "$bin/$t" --gtest_color=no >> "$out/tests.log" 2>&1
+    echo "== $t rc=$?" >> "$summary"
+  done
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|\[ info \]|tests? ran" "$out/tests.log" >> "$summary"
+fi
+
+echo "== bench" >> "$summary"
+timeout 240 "$bin/qstream-bench" learner --backend=cuda --config=h200 --batch=256,1024 \
+  > "$out/bench.jsonl" 2> "$out/bench.log"
+echo "h200 rc=$?" >> "$summary"
+timeout 120 "$bin/qstream-bench" learner --backend=cuda --config=small --batch=64,256 \
+  >> "$out/bench.jsonl" 2>> "$out/bench.log"
+echo "small rc=$?" >> "$summary"
+cat "$out/bench.jsonl" >> "$summary"
+
+if [[ "${SKIP_PEER:-0}" != 1 ]]; then
+  echo "== torch peer" >> "$summary"
+  ( cd "$stage/peers" && export PYTHONUNBUFFERED=1 &&
+    timeout 240 python3 torch_c51.py eager,graph,compile 256,1024 &&
+    QS_PEER_CONFIG=small timeout 180 python3 torch_c51.py eager,graph,compile 64,256 ) \
+    > "$out/peer.jsonl" 2> "$out/peer.log"
+  echo "peer rc=$?" >> "$summary"
+  cat "$out/peer.jsonl" >> "$summary"
+fi
+
+if [[ "${SKIP_SANITIZER:-0}" != 1 ]]; then
+  san="$out/sanitizer.log"
+  for tool in memcheck racecheck; do
+    for spec in "kernels_gpu_test:*" "cuda_backend_gpu_test:CudaBackend.StatsAndStepTimesArriveWithoutBlocking:CudaBackend.GuardSkipsPoisonedStepInGraph"; do
+      t="${spec%%:*}"; filter="${spec#*:}"
+      echo "=== $tool $t $filter" >> "$san"
+      timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/$t" --gtest_color=no \
+        --gtest_filter="$filter" >> "$san" 2>&1
+      echo "=== $tool $t rc=$?" >> "$san"
+    done
+  done
+  echo "== sanitizer" >> "$summary"
+  grep -E "^=== |ERROR SUMMARY|RACECHECK SUMMARY" "$san" >> "$summary"
+fi
+cat "$summary"

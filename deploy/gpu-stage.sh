@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Stages the CUDA build for a run on a GPU machine that has the CUDA runtime
+# and cuBLAS but none of the project's other libraries: binaries into
+# stage/bin, the non-system shared libraries they need into stage/lib (cuBLAS
+# and the CUDA runtime come from the GPU machine), the benchmark peers into
+# stage/peers, and deploy/gpu-run.sh beside them.
+# Usage: deploy/gpu-stage.sh [BUILD_DIR] [STAGE_DIR]   (defaults build-cuda, stage)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${1:-$root/build-cuda}"
+stage="${2:-$root/stage}"
+peers="${QSTREAM_PEERS:-$root/../shared/peers}"
+
+rm -rf "$stage"
+mkdir -p "$stage/bin" "$stage/lib" "$stage/peers"
+bins=()
+for b in tests/cuda/kernels_gpu_test tests/cuda/cuda_backend_gpu_test qstream-bench qstreamd server/qstreamd \
+         qstream-actor clients/cpp/qstream-actor; do
+  [[ -x "$build/$b" ]] || continue
+  name="$(basename "$b")"
+  [[ -e "$stage/bin/$name" ]] && continue
+  # Host debug info is most of the size; device line info stays in the fatbin.
+  strip --strip-debug -o "$stage/bin/$name" "$build/$b"
+  bins+=("$stage/bin/$name")
+done
+for bin in "${bins[@]}"; do
+  ldd "$bin" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|ld-linux*|libgcc_s.so*|libstdc++.so*) ;;
+      libcuda.so*|libcudart.so*|libcublas.so*|libcublasLt.so*) ;;  # from the GPU machine
+      *) cp -Ln "$lib" "$stage/lib/" ;;
+    esac
+  done
+done
+if [[ -d "$peers" ]]; then cp -r "$peers/." "$stage/peers/"; fi
+cp "$root/deploy/gpu-run.sh" "$stage/"
+du -sh "$stage"
