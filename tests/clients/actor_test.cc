@@ -1,0 +1,169 @@
+// The C++ actor against an in-process daemon over real gRPC on loopback:
+// everything it streams is acknowledged and in the replay, it follows new
+// policy versions, and it refuses a policy that does not fit its env.
+#include "clients/cpp/actor.h"
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "absl/time/clock.h"
+#include "clients/cpp/experience_stream.h"
+#include "clients/cpp/policy_watcher.h"
+#include "gtest/gtest.h"
+#include "server/daemon.h"
+#include "trainer/config.h"
+
+namespace qstream::actor {
+namespace {
+
+constexpr int kNStep = 3;
+
+v1::TrainerConfig SmallConfig(bool train) {
+  v1::TrainerConfig c = DefaultConfig();
+  c.mutable_network()->clear_trunk_hidden();
+  c.mutable_network()->add_trunk_hidden(16);
+  c.mutable_network()->set_head_hidden(8);
+  c.mutable_network()->set_num_atoms(11);
+  c.mutable_replay()->set_capacity(100000);
+  c.mutable_replay()->set_batch_size(16);
+  c.mutable_returns()->set_n_step(kNStep);
+  c.mutable_rate_limiter()->set_min_size_to_sample(train ? 200 : 100000);
+  c.mutable_rate_limiter()->set_samples_per_insert(train ? 4 : 1);
+  c.mutable_server()->set_publish_every(5);
+  return c;
+}
+
+class ActorTest : public ::testing::Test {
+ protected:
+  void StartDaemon(const v1::TrainerConfig& config) {
+    DaemonOptions options;
+    options.config = config;
+    options.backend = BackendKind::kCpu;
+    options.listen = "127.0.0.1:0";
+    auto d = Daemon::Start(options);
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = *std::move(d);
+    channel_ = grpc::CreateChannel(daemon_->grpc_address(), grpc::InsecureChannelCredentials());
+  }
+
+  std::unique_ptr<Daemon> daemon_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::atomic<bool> stop_{false};
+};
+
+TEST_F(ActorTest, EverythingStreamedIsAcknowledgedAndInTheReplay) {
+  StartDaemon(SmallConfig(/*train=*/false));
+  auto policy = PolicyWatcher::Create(channel_, absl::Seconds(10));
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  ExperienceStream::Options so;
+  so.max_in_flight = 2;
+  so.stream_id = "actor-test";
+  auto stream = ExperienceStream::Open(channel_, so);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+
+  ActorOptions options;
+  options.num_envs = 3;
+  options.max_steps = 3000;
+  options.batch_transitions = 50;
+  options.epsilon = {1.0, 0.1, 1000};
+  std::ostringstream log;
+  auto result = RunActor(options, **stream, **policy, stop_, log);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_TRUE((*stream)->Close().ok());
+
+  EXPECT_EQ(result->env_steps, 3000);
+  EXPECT_GT(result->episodes, 10);  // mostly random CartPole episodes are short
+  EXPECT_EQ(result->stream.sent_transitions, 3000);
+  EXPECT_EQ(result->stream.acked_batches, result->stream.sent_batches);
+  // A batch goes out once it holds >= 50 transitions: 17 rounds of 3 envs
+  // (51), so 58 full batches and one final batch of the remaining 42.
+  EXPECT_EQ(result->stream.sent_batches, 59);
+  // Each env's n-step window may still hold its last n-1 steps.
+  EXPECT_LE(result->stream.accepted_transitions, 3000);
+  EXPECT_GE(result->stream.accepted_transitions, 3000 - options.num_envs * (kNStep - 1));
+  EXPECT_EQ(daemon_->counters().transitions(), result->stream.accepted_transitions);
+  EXPECT_NE(log.str().find("done env_steps=3000"), std::string::npos) << log.str();
+}
+
+TEST_F(ActorTest, FollowsNewPolicyVersions) {
+  StartDaemon(SmallConfig(/*train=*/true));
+  auto policy = PolicyWatcher::Create(channel_, absl::Seconds(10));
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  const int64_t first = (*policy)->Latest()->version;
+  auto stream = ExperienceStream::Open(channel_, {});
+  ASSERT_TRUE(stream.ok());
+  ActorOptions options;
+  options.num_envs = 2;
+  options.max_steps = 4000;
+  std::ostringstream log;
+  ASSERT_TRUE(RunActor(options, **stream, **policy, stop_, log).ok());
+  ASSERT_TRUE((*stream)->Close().ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while ((*policy)->Latest()->version <= first && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_GT((*policy)->Latest()->version, first);
+  EXPECT_EQ(static_cast<int64_t>((*policy)->Latest()->weights.size()), (*policy)->Latest()->spec.num_params);
+}
+
+TEST_F(ActorTest, StopsWhenTheReturnTargetIsMet) {
+  StartDaemon(SmallConfig(/*train=*/false));
+  auto policy = PolicyWatcher::Create(channel_, absl::Seconds(10));
+  ASSERT_TRUE(policy.ok());
+  auto stream = ExperienceStream::Open(channel_, {});
+  ASSERT_TRUE(stream.ok());
+  ActorOptions options;
+  options.num_envs = 2;
+  options.max_steps = 100000;
+  options.return_window = 5;
+  options.stop_at_return = 1;  // any 5 episodes qualify
+  std::ostringstream log;
+  auto result = RunActor(options, **stream, **policy, stop_, log);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->reached_target);
+  EXPECT_GE(result->episodes, 5);
+  EXPECT_LT(result->env_steps, 100000);
+  EXPECT_EQ(result->stream.acked_batches, result->stream.sent_batches);
+  EXPECT_TRUE((*stream)->Close().ok());
+}
+
+TEST_F(ActorTest, RefusesPolicyOfAnotherShape) {
+  v1::TrainerConfig config = SmallConfig(false);
+  config.mutable_network()->set_obs_dim(6);
+  StartDaemon(config);
+  auto policy = PolicyWatcher::Create(channel_, absl::Seconds(10));
+  ASSERT_TRUE(policy.ok());
+  auto stream = ExperienceStream::Open(channel_, {});
+  ASSERT_TRUE(stream.ok());
+  ActorOptions options;
+  options.max_steps = 10;
+  std::ostringstream log;
+  auto result = RunActor(options, **stream, **policy, stop_, log);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(result.status().message().find("obs_dim"), std::string::npos);
+}
+
+TEST_F(ActorTest, ErrorAckSurfacesWithTheField) {
+  StartDaemon(SmallConfig(false));
+  auto stream = ExperienceStream::Open(channel_, {});
+  ASSERT_TRUE(stream.ok());
+  v1::TransitionBatch b;
+  b.set_kind(v1::TransitionBatch::KIND_STEP);
+  b.set_count(1);
+  for (int i = 0; i < 4; ++i) {
+    b.add_obs(0);
+    b.add_next_obs(0);
+  }
+  b.add_actions(0);
+  b.add_rewards(std::numeric_limits<float>::quiet_NaN());
+  b.add_done(false);
+  ASSERT_TRUE((*stream)->Send(b).ok());
+  absl::Status s = (*stream)->Flush();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("rewards"), std::string::npos) << s;
+  EXPECT_EQ(daemon_->counters().transitions(), 0);
+}
+
+}  // namespace
+}  // namespace qstream::actor
