@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -37,8 +36,8 @@ def find_proto_root(start: Path | None = None) -> Path | None:
 
 def generate(proto_root: Path, out_dir: Path) -> None:
     """Generates *_pb2.py and *_pb2_grpc.py for every qstream proto into
-    out_dir (replaced atomically, so concurrent importers never see half a
-    package)."""
+    out_dir, replacing what is there. The new package is written beside it
+    and renamed into place, so concurrent importers never see half of one."""
     from grpc_tools import protoc  # build/first-import dependency only
 
     import importlib.resources
@@ -66,28 +65,39 @@ def generate(proto_root: Path, out_dir: Path) -> None:
             text = _CROSS_IMPORT.sub(r"from . import \1 as \2", src.read_text())
             (pkg / src.name).write_text(text)
         (pkg / "__init__.py").write_text('"""Generated from proto/qstream/v1 by qstream._protogen."""\n')
+        if out_dir.exists():
+            os.rename(out_dir, Path(tmp) / "old")  # removed with tmp
         try:
             os.rename(pkg, out_dir)
         except OSError:
-            # Another process generated it first, or an old copy is there.
-            if not (out_dir / "experience_pb2.py").is_file():
-                shutil.rmtree(out_dir, ignore_errors=True)
-                os.rename(pkg, out_dir)
+            if not (out_dir / "experience_pb2_grpc.py").is_file():
+                raise  # not a concurrent generator winning the race
+
+
+def _stale(out_dir: Path, root: Path) -> bool:
+    marker = out_dir / "__init__.py"
+    if not (out_dir / "experience_pb2_grpc.py").is_file() or not marker.is_file():
+        return True
+    newest = max((root / _PROTO_SUBDIR / f"{n}.proto").stat().st_mtime for n in PROTO_FILES)
+    return newest > marker.stat().st_mtime
 
 
 def ensure_generated() -> None:
-    """Makes qstream._proto importable, generating it from a source
-    checkout's proto/ folder when it is missing."""
+    """Makes qstream._proto importable. In a source checkout (a proto/
+    folder above this file, or $QSTREAM_PROTO_DIR) the stubs are generated
+    when missing or older than the .proto files; an installed package uses
+    the stubs its build generated."""
     out_dir = Path(__file__).resolve().parent / "_proto"
-    if (out_dir / "experience_pb2_grpc.py").is_file():
-        return
     root = find_proto_root()
     if root is None:
+        if (out_dir / "experience_pb2_grpc.py").is_file():
+            return
         raise ImportError(
             "qstream: generated stubs are missing and no proto/ folder was found; "
             "install with `pip install ./clients/python` or set QSTREAM_PROTO_DIR"
         )
-    generate(root, out_dir)
+    if _stale(out_dir, root):
+        generate(root, out_dir)
 
 
 if __name__ == "__main__":
