@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "server/validate.h"
 
 namespace qstream {
 
@@ -49,6 +50,8 @@ Metrics::Metrics(const MetricsOptions& options, Learner* learner, const IngestCo
                           .Name("qstream_ingest_rejected_total")
                           .Help("Batches rejected by validation, by the field that failed")
                           .Register(r);
+  // Known reasons start at 0 so the family is exported before any rejection.
+  for (const std::string& field : BatchFieldNames()) ingest_rejected_->Add({{"reason", field}});
   replay_size_ = &Gauge(r, "qstream_replay_size", "Transitions in the replay");
   replay_capacity_ = &Gauge(r, "qstream_replay_capacity", "Replay capacity, transitions");
   auto& q = prometheus::BuildGauge()

@@ -16,6 +16,13 @@ v1::Error BatchError::ToProto() const {
   return e;
 }
 
+const std::vector<std::string>& BatchFieldNames() {
+  static const std::vector<std::string> kNames = {"kind",    "count",     "obs",       "next_obs",
+                                                  "actions", "rewards",   "discounts", "done",
+                                                  "truncated", "env_ids", "policy_version"};
+  return kNames;
+}
+
 namespace {
 
 BatchError Invalid(const std::string& field, std::string message) {

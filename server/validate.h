@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "qstream/v1/config.pb.h"
 #include "qstream/v1/experience.pb.h"
@@ -22,6 +23,10 @@ struct BatchError {
 
   v1::Error ToProto() const;
 };
+
+// Every value BatchError::field can take (the ingest-rejected metric's
+// reason label values).
+const std::vector<std::string>& BatchFieldNames();
 
 // Checks, in order: kind, count (> 0, <= server.max_batch_transitions),
 // column lengths (obs, next_obs = count x obs_dim; actions = count x branches;

@@ -1,0 +1,217 @@
+#include "tests/server/e2e_support.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <limits>
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+
+namespace qstream::testing {
+
+std::unique_ptr<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>& argv) {
+  int fds[2];
+  if (pipe(fds) != 0) return nullptr;
+  const pid_t pid = fork();
+  if (pid < 0) return nullptr;
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  auto p = std::unique_ptr<ChildProcess>(new ChildProcess);
+  p->pid_ = pid;
+  p->fd_ = fds[0];
+  return p;
+}
+
+ChildProcess::~ChildProcess() {
+  if (!exited_ && pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (fd_ >= 0) close(fd_);
+}
+
+bool ChildProcess::ReadSome(absl::Duration timeout) {
+  pollfd p{fd_, POLLIN, 0};
+  if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) <= 0) return false;
+  char buf[4096];
+  const ssize_t n = read(fd_, buf, sizeof(buf));
+  if (n <= 0) return false;
+  output_.append(buf, n);
+  return true;
+}
+
+std::optional<std::string> ChildProcess::WaitForLine(const std::string& needle, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    size_t eol;
+    while ((eol = output_.find('\n', scanned_)) != std::string::npos) {
+      std::string line = output_.substr(scanned_, eol - scanned_);
+      scanned_ = eol + 1;
+      if (line.find(needle) != std::string::npos) return line;
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return std::nullopt;
+    if (!ReadSome(std::min(left, absl::Milliseconds(100)))) {
+      int status;
+      if (!exited_ && waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        while (ReadSome(absl::ZeroDuration())) {
+        }
+      }
+      if (exited_ && output_.find('\n', scanned_) == std::string::npos) return std::nullopt;
+    }
+  }
+}
+
+std::optional<int> ChildProcess::Wait(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!exited_) {
+    int status;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      exited_ = true;
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      break;
+    }
+    if (absl::Now() >= deadline) return std::nullopt;
+    ReadSome(absl::Milliseconds(20));  // keep the pipe drained
+  }
+  while (ReadSome(absl::ZeroDuration())) {
+  }
+  return exit_code_;
+}
+
+void ChildProcess::Signal(int signal_number) {
+  if (!exited_) kill(pid_, signal_number);
+}
+
+std::string BuildDir() {
+  const char* dir = std::getenv("QSTREAM_BUILD_DIR");
+  return dir ? dir : ".";
+}
+
+std::string WriteTempFile(const std::string& name, const std::string& text) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = absl::StrCat(tmp ? tmp : "/tmp", "/qstream_e2e_", getpid(), "_", name);
+  std::ofstream(path) << text;
+  return path;
+}
+
+int FreePort() {
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+std::optional<Daemon> StartDaemon(const std::vector<std::string>& extra_flags, std::string* error) {
+  std::vector<std::string> argv = {BuildDir() + "/qstreamd", "--listen=127.0.0.1:0",
+                                   "--metrics_listen=127.0.0.1:0"};
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+  Daemon d;
+  d.process = ChildProcess::Spawn(argv);
+  if (!d.process) {
+    *error = "spawn failed";
+    return std::nullopt;
+  }
+  const auto line = d.process->WaitForLine("listening grpc=", absl::Seconds(60));
+  if (!line) {
+    *error = absl::StrCat("no start-up line; output:\n", d.process->output());
+    return std::nullopt;
+  }
+  std::smatch m;
+  if (!std::regex_search(*line, m, std::regex(R"(grpc=(\S+) metrics=127\.0\.0\.1:(\d+))"))) {
+    *error = absl::StrCat("unparsable start-up line: ", *line);
+    return std::nullopt;
+  }
+  d.grpc_address = m[1];
+  d.metrics_port = std::stoi(m[2]);
+  return d;
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(s);
+    return "";
+  }
+  const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+  if (write(s, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
+    close(s);
+    return "";
+  }
+  std::string response;
+  char buf[8192];
+  ssize_t n;
+  while ((n = read(s, buf, sizeof(buf))) > 0) response.append(buf, n);
+  close(s);
+  const size_t body = response.find("\r\n\r\n");
+  if (response.rfind("HTTP/1.", 0) != 0 || response.find(" 200 ") == std::string::npos ||
+      body == std::string::npos) {
+    return "";
+  }
+  return response.substr(body + 4);
+}
+
+std::map<std::string, double> ParseMetrics(const std::string& text) {
+  std::map<std::string, double> samples;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    if (space == absl::string_view::npos) continue;
+    double value;
+    const absl::string_view v = line.substr(space + 1);
+    if (v == "Nan" || v == "NaN") {
+      value = std::numeric_limits<double>::quiet_NaN();
+    } else if (!absl::SimpleAtod(v, &value)) {
+      continue;
+    }
+    samples[std::string(line.substr(0, space))] = value;
+  }
+  return samples;
+}
+
+std::vector<std::string> MetricTypes(const std::string& text) {
+  std::vector<std::string> names;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::ConsumePrefix(&line, "# TYPE ")) continue;
+    names.emplace_back(line.substr(0, line.find(' ')));
+  }
+  return names;
+}
+
+}  // namespace qstream::testing

@@ -1,0 +1,65 @@
+// Helpers of the end-to-end tests: a qstreamd child process on loopback
+// ports chosen at run time, a plain-socket HTTP GET, and the Prometheus text
+// format parsed into a map.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace qstream::testing {
+
+// A child process with stdout and stderr on one pipe.
+class ChildProcess {
+ public:
+  static std::unique_ptr<ChildProcess> Spawn(const std::vector<std::string>& argv);
+  ~ChildProcess();  // SIGKILL + reap when still running
+
+  // Reads output until a line contains `needle`; returns that line.
+  std::optional<std::string> WaitForLine(const std::string& needle, absl::Duration timeout);
+  // Exit code (128 + signal when killed), or nullopt on timeout.
+  std::optional<int> Wait(absl::Duration timeout);
+  void Signal(int signal_number);
+  // Everything read from the child so far.
+  const std::string& output() const { return output_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  bool ReadSome(absl::Duration timeout);  // false on EOF or timeout
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  bool exited_ = false;
+  int exit_code_ = 0;
+  std::string output_;
+  size_t scanned_ = 0;
+};
+
+// qstreamd started with --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0
+// and `extra_flags`; ports parsed from its start-up line.
+struct Daemon {
+  std::unique_ptr<ChildProcess> process;
+  std::string grpc_address;
+  int metrics_port = 0;
+};
+std::optional<Daemon> StartDaemon(const std::vector<std::string>& extra_flags, std::string* error);
+
+std::string BuildDir();
+// Writes `text` to a fresh file under the test's temp dir and returns its path.
+std::string WriteTempFile(const std::string& name, const std::string& text);
+// A loopback TCP port that was free a moment ago.
+int FreePort();
+
+// Body of GET http://127.0.0.1:port/path ("" on failure).
+std::string HttpGet(int port, const std::string& path);
+// "name{labels}" -> value for every sample line of a Prometheus text page.
+std::map<std::string, double> ParseMetrics(const std::string& text);
+// Metric family names that have a "# TYPE" line.
+std::vector<std::string> MetricTypes(const std::string& text);
+
+}  // namespace qstream::testing

@@ -1,0 +1,584 @@
+// qstreamd end to end: the daemon as a child process on loopback ports chosen
+// at run time, driven by real gRPC clients and scraped over HTTP.
+#include <signal.h>
+
+#include <atomic>
+#include <cmath>
+#include <future>
+#include <limits>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "gtest/gtest.h"
+#include "qstream/v1/admin.grpc.pb.h"
+#include "qstream/v1/experience.grpc.pb.h"
+#include "qstream/v1/policy.grpc.pb.h"
+#include "tests/server/e2e_support.h"
+
+namespace qstream {
+namespace {
+
+using ::qstream::testing::FreePort;
+using ::qstream::testing::HttpGet;
+using ::qstream::testing::MetricTypes;
+using ::qstream::testing::ParseMetrics;
+using ::testing::HasSubstr;
+
+constexpr int kObsDim = 4;
+const std::vector<int> kBranches = {3, 2};
+constexpr int kMaxMessageBytes = 65536;
+
+// Small network and a replay larger than anything a test inserts, so the
+// replay size equals the number of transitions ever accepted.
+std::string ConfigText(int max_streams = 16) {
+  return absl::StrCat(R"(
+network { obs_dim: 4 trunk_hidden: 32 trunk_hidden: 32 head_hidden: 32 num_atoms: 11
+          branch_actions: 3 branch_actions: 2 }
+replay { capacity: 4000000 batch_size: 32 }
+rate_limiter { min_size_to_sample: 64 samples_per_insert: 0 }
+returns { n_step: 3 gamma: 0.9 }
+server { publish_every: 5 stats_every: 1 max_batch_transitions: 1024 max_message_bytes: )",
+                      kMaxMessageBytes, " max_streams: ", max_streams, " }\n");
+}
+
+testing::Daemon StartOrDie(const std::vector<std::string>& extra = {}, int max_streams = 16) {
+  std::vector<std::string> flags = {
+      "--backend=cpu", "--config=" + testing::WriteTempFile("config.txt", ConfigText(max_streams))};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  std::string error;
+  auto d = testing::StartDaemon(flags, &error);
+  if (!d) {
+    ADD_FAILURE() << error;
+    std::abort();
+  }
+  return std::move(*d);
+}
+
+std::shared_ptr<grpc::Channel> Channel(const testing::Daemon& d) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  return grpc::CreateCustomChannel(d.grpc_address, grpc::InsecureChannelCredentials(), args);
+}
+
+v1::TransitionBatch NStepBatch(int count, uint64_t sequence, std::mt19937* rng) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  v1::TransitionBatch b;
+  b.set_kind(v1::TransitionBatch::KIND_NSTEP);
+  b.set_sequence(sequence);
+  b.set_count(count);
+  for (int i = 0; i < count * kObsDim; ++i) {
+    b.add_obs(u(*rng));
+    b.add_next_obs(u(*rng));
+  }
+  for (int i = 0; i < count; ++i) {
+    for (int n : kBranches) b.add_actions(static_cast<int>((*rng)() % n));
+    b.add_rewards(u(*rng));
+    b.add_discounts(0.729f);
+  }
+  return b;
+}
+
+// One-step transitions of `envs` environments whose episodes end every 7 steps.
+v1::TransitionBatch StepBatch(int count, uint64_t sequence, int envs, int64_t* t, std::mt19937* rng) {
+  v1::TransitionBatch b = NStepBatch(count, sequence, rng);
+  b.set_kind(v1::TransitionBatch::KIND_STEP);
+  b.clear_discounts();
+  for (int i = 0; i < count; ++i, ++*t) {
+    b.add_env_ids(static_cast<uint32_t>(*t % envs));
+    b.add_done((*t / envs) % 7 == 6);
+  }
+  return b;
+}
+
+// Pushes valid batches on one stream until stopped; counts what was acked.
+class Streamer {
+ public:
+  Streamer(std::shared_ptr<grpc::Channel> channel, bool step_kind, int batch = 64)
+      : stub_(v1::ExperienceService::NewStub(channel)), step_kind_(step_kind), batch_(batch) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Streamer() { Stop(); }
+
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  int64_t accepted() const { return accepted_; }
+  int64_t acks() const { return acks_; }
+  int64_t errors() const { return errors_; }
+  const grpc::Status& status() const { return status_; }
+  void WaitForAcks(int64_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (acks_ < n && !done_ && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  }
+
+ private:
+  void Run() {
+    grpc::ClientContext context;
+    auto stream = stub_->Stream(&context);
+    std::mt19937 rng(step_kind_ ? 7 : 11);
+    int64_t t = 0;
+    v1::Ack ack;
+    for (uint64_t seq = 1; !stop_; ++seq) {
+      const auto batch = step_kind_ ? StepBatch(batch_, seq, 5, &t, &rng) : NStepBatch(batch_, seq, &rng);
+      if (!stream->Write(batch) || !stream->Read(&ack)) break;
+      if (ack.sequence() != seq) ADD_FAILURE() << "ack " << ack.sequence() << " for batch " << seq;
+      if (ack.has_error()) ++errors_;
+      accepted_ += ack.accepted();
+      ++acks_;
+    }
+    stream->WritesDone();
+    status_ = stream->Finish();
+    done_ = true;
+  }
+
+  std::unique_ptr<v1::ExperienceService::Stub> stub_;
+  const bool step_kind_;
+  const int batch_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> done_{false};
+  std::atomic<int64_t> accepted_{0};
+  std::atomic<int64_t> acks_{0};
+  std::atomic<int64_t> errors_{0};
+  grpc::Status status_;
+  std::thread thread_;
+};
+
+v1::StatusResponse GetStatus(const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = v1::AdminService::NewStub(channel);
+  grpc::ClientContext context;
+  v1::StatusResponse r;
+  const grpc::Status st = stub->Status(&context, v1::StatusRequest(), &r);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return r;
+}
+
+// grpc.health.v1.Health/Check for service "" through a generic stub (the
+// health proto's C++ stubs are not installed): the response is field 1,
+// the enum status, SERVING = 1.
+int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  grpc::Slice empty_slice("");  // HealthCheckRequest{service: ""} is empty
+  grpc::ByteBuffer request(&empty_slice, 1);
+  grpc::ByteBuffer response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  if (!done.get_future().get().ok()) return -1;
+  grpc::Slice slice;
+  if (!response.DumpToSingleSlice(&slice).ok()) return -1;
+  const std::string bytes(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  if (bytes.empty()) return 0;  // UNKNOWN, the default, is not on the wire
+  return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
+}
+
+// Service names listed by server reflection (v1alpha ListServices).
+std::string ReflectionListing(const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(&context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  const std::string request("\x3a\x00", 2);  // list_services: ""
+  grpc::Slice slice(request);
+  grpc::ByteBuffer out(&slice, 1);
+  call->Write(out, reinterpret_cast<void*>(2));
+  cq.Next(&tag, &ok);
+  grpc::ByteBuffer in;
+  call->Read(&in, reinterpret_cast<void*>(3));
+  cq.Next(&tag, &ok);
+  std::string listing;
+  grpc::Slice all;
+  if (ok && in.DumpToSingleSlice(&all).ok()) listing.assign(reinterpret_cast<const char*>(all.begin()), all.size());
+  call->WritesDone(reinterpret_cast<void*>(4));
+  cq.Next(&tag, &ok);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return listing;
+}
+
+const std::vector<std::string> kDesignMetrics = {
+    "qstream_train_step_seconds",     "qstream_train_steps_total",    "qstream_transitions_ingested_total",
+    "qstream_ingest_rejected_total",  "qstream_replay_size",          "qstream_replay_capacity",
+    "qstream_q_value",                "qstream_loss",                 "qstream_grad_norm",
+    "qstream_target_clip_fraction",   "qstream_guard_trips_total",    "qstream_guard_tripped",
+    "qstream_policy_version",         "qstream_actor_streams",        "qstream_samples_per_insert",
+    "qstream_policy_lag_versions"};
+
+TEST(QstreamdE2E, TrainsFromStreamsAndExportsEveryMetric) {
+  auto d = StartOrDie();
+  auto channel = Channel(d);
+  EXPECT_EQ(HealthStatus(channel), 1);
+  const std::string services = ReflectionListing(channel);
+  EXPECT_THAT(services, HasSubstr("qstream.v1.ExperienceService"));
+  EXPECT_THAT(services, HasSubstr("qstream.v1.PolicyService"));
+  EXPECT_THAT(services, HasSubstr("qstream.v1.AdminService"));
+
+  Streamer nstep(channel, /*step_kind=*/false);
+  Streamer step(channel, /*step_kind=*/true);
+  nstep.WaitForAcks(20);
+  step.WaitForAcks(20);
+  const v1::StatusResponse s1 = GetStatus(channel);
+  const std::string page1 = HttpGet(d.metrics_port, "/metrics");
+  nstep.WaitForAcks(nstep.acks() + 50);
+  // Steps advance once the metrics poll has seen new ones.
+  absl::Time deadline = absl::Now() + absl::Seconds(30);
+  v1::StatusResponse s2;
+  std::string page2;
+  do {
+    absl::SleepFor(absl::Milliseconds(600));
+    s2 = GetStatus(channel);
+    page2 = HttpGet(d.metrics_port, "/metrics");
+  } while ((s2.learner_steps() <= s1.learner_steps() ||
+            ParseMetrics(page2)["qstream_train_steps_total"] <= ParseMetrics(page1)["qstream_train_steps_total"]) &&
+           absl::Now() < deadline);
+
+  EXPECT_GT(s2.learner_steps(), s1.learner_steps());
+  EXPECT_GT(s2.transitions_ingested(), s1.transitions_ingested());
+  EXPECT_GT(s2.replay_size(), s1.replay_size());
+  EXPECT_EQ(s2.backend(), "cpu");
+  EXPECT_EQ(s2.actor_streams(), 2);
+  EXPECT_EQ(s2.config().network().obs_dim(), kObsDim);
+  EXPECT_EQ(s2.replay_capacity(), 4000000);
+  EXPECT_GT(s2.policy_version(), 0);
+  EXPECT_TRUE(std::isfinite(s2.last_step().loss()));
+
+  ASSERT_FALSE(page2.empty());
+  const auto types = MetricTypes(page2);
+  for (const auto& name : kDesignMetrics) {
+    EXPECT_NE(std::find(types.begin(), types.end(), name), types.end()) << name << " missing";
+  }
+  const auto m1 = ParseMetrics(page1);
+  const auto m2 = ParseMetrics(page2);
+  EXPECT_GT(m2.at("qstream_train_steps_total"), m1.at("qstream_train_steps_total"));
+  EXPECT_GT(m2.at("qstream_transitions_ingested_total"), m1.at("qstream_transitions_ingested_total"));
+  EXPECT_GT(m2.at("qstream_train_step_seconds_count"), m1.at("qstream_train_step_seconds_count"));
+  EXPECT_GT(m2.at("qstream_policy_lag_versions_count"), 0);
+  EXPECT_GT(m2.at("qstream_replay_size"), 0);
+  EXPECT_EQ(m2.at("qstream_replay_capacity"), 4000000);
+  EXPECT_EQ(m2.at("qstream_actor_streams"), 2);
+  EXPECT_GT(m2.at("qstream_policy_version"), 0);
+  EXPECT_LE(m2.at("qstream_q_value{stat=\"min\"}"), m2.at("qstream_q_value{stat=\"mean\"}"));
+  EXPECT_LE(m2.at("qstream_q_value{stat=\"mean\"}"), m2.at("qstream_q_value{stat=\"max\"}"));
+  EXPECT_TRUE(m2.count("qstream_guard_trips_total{reason=\"q_range\"}"));
+  EXPECT_TRUE(m2.count("qstream_train_step_seconds_bucket{le=\"1e-05\"}"));
+  EXPECT_TRUE(m2.count("qstream_train_step_seconds_bucket{le=\"1\"}"));
+  EXPECT_GT(m2.at("qstream_samples_per_insert"), 0);
+  EXPECT_TRUE(m2.count("qstream_loss"));
+  EXPECT_TRUE(m2.count("qstream_grad_norm"));
+  EXPECT_TRUE(m2.count("qstream_target_clip_fraction"));
+  EXPECT_TRUE(m2.count("qstream_guard_tripped"));
+
+  nstep.Stop();
+  step.Stop();
+  EXPECT_TRUE(nstep.status().ok()) << nstep.status().error_message();
+  EXPECT_EQ(nstep.errors() + step.errors(), 0);
+  // No accepted transition is lost: with a replay larger than everything
+  // sent, its size is exactly the sum of the acks.
+  const v1::StatusResponse s3 = GetStatus(channel);
+  EXPECT_EQ(s3.replay_size(), nstep.accepted() + step.accepted());
+  EXPECT_EQ(s3.transitions_ingested(), nstep.accepted() + step.accepted());
+  EXPECT_GT(step.accepted(), 0);
+  EXPECT_LT(step.accepted(), step.acks() * 64);  // the last windows are still open
+}
+
+TEST(QstreamdE2E, PolicyVersionsIncrease) {
+  auto d = StartOrDie();
+  auto channel = Channel(d);
+  auto policy = v1::PolicyService::NewStub(channel);
+  v1::Policy p0;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(policy->GetPolicy(&context, v1::GetPolicyRequest(), &p0).ok());
+  }
+  EXPECT_EQ(p0.architecture().obs_dim(), kObsDim);
+  EXPECT_THAT(p0.architecture().branch_actions(), ::testing::ElementsAre(3, 2));
+  EXPECT_GT(p0.weights_size(), 0);
+
+  Streamer streamer(channel, false);
+  grpc::ClientContext watch_context;
+  v1::WatchPolicyRequest request;
+  request.set_after_version(p0.version());
+  auto watch = policy->WatchPolicy(&watch_context, request);
+  int64_t last = p0.version();
+  for (int i = 0; i < 3; ++i) {
+    v1::Policy p;
+    ASSERT_TRUE(watch->Read(&p));
+    EXPECT_GT(p.version(), last);
+    EXPECT_EQ(p.weights_size(), p0.weights_size());
+    EXPECT_GE(p.learner_steps(), 5 * p.version());
+    last = p.version();
+  }
+  watch_context.TryCancel();
+  v1::Policy p1;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(policy->GetPolicy(&context, v1::GetPolicyRequest(), &p1).ok());
+  }
+  EXPECT_GE(p1.version(), last);
+  EXPECT_NE(std::vector<float>(p1.weights().begin(), p1.weights().end()),
+            std::vector<float>(p0.weights().begin(), p0.weights().end()));
+
+  v1::EvaluateRequest eval;
+  eval.set_count(2);
+  for (int i = 0; i < 2 * kObsDim; ++i) eval.add_obs(0.1f * i);
+  v1::EvaluateResponse q;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(policy->Evaluate(&context, eval, &q).ok());
+  }
+  EXPECT_EQ(q.q_size(), 2 * 5);
+  for (float v : q.q()) EXPECT_TRUE(v >= -10 && v <= 10) << v;
+  eval.add_obs(1.0f);
+  {
+    grpc::ClientContext context;
+    const grpc::Status st = policy->Evaluate(&context, eval, &q);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(st.error_message(), HasSubstr("obs: 9 values"));
+  }
+}
+
+// One bad batch on a stream of its own; returns the ack.
+v1::Ack SendOne(v1::ExperienceService::Stub* stub, const v1::TransitionBatch& batch) {
+  grpc::ClientContext context;
+  auto stream = stub->Stream(&context);
+  v1::Ack ack;
+  EXPECT_TRUE(stream->Write(batch));
+  EXPECT_TRUE(stream->Read(&ack));
+  // The stream stays usable after an error ack: a valid batch is accepted.
+  std::mt19937 rng(5);
+  v1::Ack good;
+  EXPECT_TRUE(stream->Write(NStepBatch(8, batch.sequence() + 1, &rng)));
+  EXPECT_TRUE(stream->Read(&good));
+  EXPECT_FALSE(good.has_error()) << good.error().message();
+  EXPECT_EQ(good.accepted(), 8u);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  return ack;
+}
+
+TEST(QstreamdE2E, BadInputsGetErrorsWhileAGoodStreamKeepsGoing) {
+  auto d = StartOrDie();
+  auto channel = Channel(d);
+  auto stub = v1::ExperienceService::NewStub(channel);
+  Streamer good(channel, false);
+  good.WaitForAcks(10);
+  std::mt19937 rng(3);
+  int64_t extra_accepted = 0;
+
+  auto expect_error = [&](v1::TransitionBatch batch, const std::string& field, const std::string& message) {
+    const int64_t before = good.acks();
+    const v1::Ack ack = SendOne(stub.get(), batch);
+    extra_accepted += 8;
+    ASSERT_TRUE(ack.has_error()) << field;
+    EXPECT_EQ(ack.error().code(), v1::Error::INVALID_FIELD);
+    EXPECT_EQ(ack.error().field(), field);
+    EXPECT_THAT(ack.error().message(), HasSubstr(message));
+    EXPECT_EQ(ack.accepted(), 0u);
+    EXPECT_EQ(ack.sequence(), batch.sequence());
+    good.WaitForAcks(before + 3);
+    EXPECT_GE(good.acks(), before + 3) << "good stream stalled after a bad " << field;
+  };
+
+  v1::TransitionBatch obs = NStepBatch(16, 1, &rng);
+  obs.mutable_obs()->RemoveLast();
+  expect_error(obs, "obs", "obs: 63 values, expected count x obs_dim = 16 x 4 = 64");
+
+  v1::TransitionBatch nan = NStepBatch(16, 1, &rng);
+  nan.set_rewards(5, std::numeric_limits<float>::quiet_NaN());
+  expect_error(nan, "rewards", "rewards[5]: nan is not finite");
+
+  v1::TransitionBatch action = NStepBatch(16, 1, &rng);
+  action.set_actions(13, 2);  // row 6, branch 1 has 2 actions
+  expect_error(action, "actions", "actions[13]: 2 out of range [0, 2) for branch 1");
+
+  v1::TransitionBatch branches = NStepBatch(16, 1, &rng);
+  branches.clear_actions();
+  for (int i = 0; i < 16 * 3; ++i) branches.add_actions(0);  // three branches instead of two
+  expect_error(branches, "actions", "actions: 48 values, expected count x branches = 16 x 2 = 32");
+
+  // Over server.max_message_bytes: gRPC itself refuses the message.
+  {
+    grpc::ClientContext context;
+    auto stream = stub->Stream(&context);
+    const v1::TransitionBatch huge = NStepBatch(2000, 1, &rng);
+    ASSERT_GT(huge.ByteSizeLong(), static_cast<size_t>(kMaxMessageBytes));
+    stream->Write(huge);
+    v1::Ack ack;
+    EXPECT_FALSE(stream->Read(&ack));
+    const grpc::Status st = stream->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  }
+  const int64_t before = good.acks();
+  good.WaitForAcks(before + 3);
+  EXPECT_GE(good.acks(), before + 3) << "good stream stalled after an oversize message";
+
+  good.Stop();
+  EXPECT_TRUE(good.status().ok()) << good.status().error_message();
+  EXPECT_EQ(good.errors(), 0);
+  const v1::StatusResponse s = GetStatus(channel);
+  EXPECT_EQ(s.batches_rejected(), 4);
+  EXPECT_EQ(s.replay_size(), good.accepted() + extra_accepted);
+  EXPECT_EQ(s.transitions_ingested(), good.accepted() + extra_accepted);
+
+  absl::SleepFor(absl::Milliseconds(700));  // one metrics poll
+  const auto m = ParseMetrics(HttpGet(d.metrics_port, "/metrics"));
+  EXPECT_EQ(m.at("qstream_ingest_rejected_total{reason=\"obs\"}"), 1);
+  EXPECT_EQ(m.at("qstream_ingest_rejected_total{reason=\"rewards\"}"), 1);
+  EXPECT_EQ(m.at("qstream_ingest_rejected_total{reason=\"actions\"}"), 2);
+}
+
+TEST(QstreamdE2E, ResentSequencesAreAckedWithoutInsert) {
+  auto d = StartOrDie();
+  auto channel = Channel(d);
+  auto stub = v1::ExperienceService::NewStub(channel);
+  std::mt19937 rng(9);
+  const v1::TransitionBatch b1 = NStepBatch(10, 1, &rng);
+  v1::TransitionBatch b2 = NStepBatch(10, 2, &rng);
+  b2.set_stream_id("actor-7");
+  auto send = [&](grpc::ClientReaderWriter<v1::TransitionBatch, v1::Ack>* s, const v1::TransitionBatch& b) {
+    v1::Ack ack;
+    EXPECT_TRUE(s->Write(b));
+    EXPECT_TRUE(s->Read(&ack));
+    EXPECT_FALSE(ack.has_error());
+    return ack.accepted();
+  };
+  {
+    grpc::ClientContext context;
+    auto s = stub->Stream(&context);
+    EXPECT_EQ(send(s.get(), b1), 10u);
+    EXPECT_EQ(send(s.get(), b1), 0u);  // same sequence, same stream
+    EXPECT_EQ(send(s.get(), b2), 10u);
+    s->WritesDone();
+    EXPECT_TRUE(s->Finish().ok());
+  }
+  {
+    grpc::ClientContext context;  // a reconnect resending under the same stream_id
+    auto s = stub->Stream(&context);
+    EXPECT_EQ(send(s.get(), b2), 0u);
+    EXPECT_EQ(send(s.get(), b1), 10u);  // no stream_id: a new stream starts fresh
+    s->WritesDone();
+    EXPECT_TRUE(s->Finish().ok());
+  }
+  EXPECT_EQ(GetStatus(channel).replay_size(), 30);
+}
+
+TEST(QstreamdE2E, StreamsBeyondMaxStreamsAreRefused) {
+  auto d = StartOrDie({}, /*max_streams=*/2);
+  auto channel = Channel(d);
+  Streamer a(channel, false), b(channel, false);
+  a.WaitForAcks(1);
+  b.WaitForAcks(1);
+  auto stub = v1::ExperienceService::NewStub(channel);
+  grpc::ClientContext context;
+  auto s = stub->Stream(&context);
+  std::mt19937 rng(1);
+  s->Write(NStepBatch(4, 1, &rng));
+  v1::Ack ack;
+  EXPECT_FALSE(s->Read(&ack));
+  const grpc::Status st = s->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(), HasSubstr("max_streams"));
+  const int64_t before = a.acks();
+  a.WaitForAcks(before + 2);
+  EXPECT_GE(a.acks(), before + 2);
+}
+
+TEST(QstreamdE2E, SigtermWhileStreamsAreOpenExitsZeroAndKeepsAckedData) {
+  auto d = StartOrDie();
+  auto channel = Channel(d);
+  Streamer a(channel, false), b(channel, true);
+  auto policy = v1::PolicyService::NewStub(channel);
+  grpc::ClientContext watch_context;
+  auto watch = policy->WatchPolicy(&watch_context, v1::WatchPolicyRequest());
+  a.WaitForAcks(20);
+  b.WaitForAcks(20);
+  d.process->Signal(SIGTERM);
+  const auto code = d.process->Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.has_value()) << "qstreamd did not exit; output:\n" << d.process->output();
+  EXPECT_EQ(*code, 0) << d.process->output();
+  a.Stop();
+  b.Stop();
+  watch_context.TryCancel();
+  EXPECT_FALSE(a.status().ok());  // the daemon ended the stream
+  // Everything acknowledged is in the replay the daemon reports at exit.
+  const std::string out = d.process->output();
+  const size_t at = out.find("transitions in the replay");
+  ASSERT_NE(at, std::string::npos) << out;
+  const size_t start = out.rfind(", ", at);
+  const int64_t in_replay = std::stoll(out.substr(start + 2, at - start - 2));
+  EXPECT_GE(in_replay, a.accepted() + b.accepted());
+}
+
+TEST(QstreamdE2E, BadFlagsAndConfigExitTwoNamingTheField) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::string bad_config = testing::WriteTempFile("bad.txt", "replay { alpha: 3 }\n");
+  const std::vector<Case> cases = {
+      {{"--lr=-1"}, "optimizer.lr"},
+      {{"--no_such_flag=1"}, "unknown flag --no_such_flag"},
+      {{"--batch_size=abc"}, "--batch_size=abc"},
+      {{"--backend=tpu"}, "--backend"},
+      {{"--config=" + bad_config}, "replay.alpha"},
+      {{"--config=/nonexistent/qstream.txt"}, "/nonexistent/qstream.txt"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {testing::BuildDir() + "/qstreamd", "--listen=127.0.0.1:0",
+                                     "--metrics_listen="};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    auto p = testing::ChildProcess::Spawn(argv);
+    const auto code = p->Wait(absl::Seconds(30));
+    ASSERT_TRUE(code.has_value());
+    EXPECT_EQ(*code, 2) << c.args[0] << ": " << p->output();
+    EXPECT_THAT(p->output(), HasSubstr(c.message)) << c.args[0];
+  }
+}
+
+TEST(QstreamdE2E, PushesToPushgateway) {
+  const std::string gateway_bin = "/usr/bin/prometheus-pushgateway";
+  if (access(gateway_bin.c_str(), X_OK) != 0) GTEST_SKIP() << gateway_bin << " not installed";
+  const int port = FreePort();
+  auto gateway = testing::ChildProcess::Spawn(
+      {gateway_bin, absl::StrCat("--web.listen-address=127.0.0.1:", port), "--log.level=error"});
+  absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (HttpGet(port, "/metrics").empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_FALSE(HttpGet(port, "/metrics").empty()) << gateway->output();
+
+  auto d = StartOrDie({absl::StrCat("--pushgateway=127.0.0.1:", port), "--push_interval=200ms",
+                       "--instance=e2e-instance"});
+  Streamer s(Channel(d), false);
+  std::string page;
+  deadline = absl::Now() + absl::Seconds(30);
+  const std::string key = R"(qstream_train_steps_total{instance="e2e-instance",job="qstream"})";
+  while (absl::Now() < deadline) {
+    page = HttpGet(port, "/metrics");
+    const auto m = ParseMetrics(page);
+    if (m.count(key) && m.at(key) > 0) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  const auto m = ParseMetrics(page);
+  ASSERT_TRUE(m.count(key)) << page.substr(0, 4000);
+  EXPECT_GT(m.at(key), 0);
+  EXPECT_TRUE(m.count(R"(qstream_replay_capacity{instance="e2e-instance",job="qstream"})"));
+}
+
+}  // namespace
+}  // namespace qstream
