@@ -104,34 +104,11 @@ metric() {  # metric NAME: value of an unlabelled sample, or 0
   awk -v m="$1" '$1 == m { print $2; found = 1 } END { if (!found) print 0 }' "$WORK/metrics.txt"
 }
 
-START=$(date +%s.%N)
-prev_steps=0
-prev_t=$START
-result=""
-while [ -z "$result" ]; do
-  sleep "$REPORT_S"
-  now=$(date +%s.%N)
-  elapsed=$(awk -v a="$now" -v b="$START" 'BEGIN { printf "%.0f", a - b }')
-  if ! curl -sf --max-time 2 "http://$METRICS/metrics" >"$WORK/metrics.txt"; then : >"$WORK/metrics.txt"; fi
-  steps=$(metric qstream_train_steps_total)
-  replay=$(metric qstream_replay_size)
-  version=$(metric qstream_policy_version)
-  rate=$(awk -v s="$steps" -v p="$prev_steps" -v a="$now" -v b="$prev_t" 'BEGIN { printf "%.0f", (s - p) / (a - b) }')
-  prev_steps=$steps
-  prev_t=$now
-  returns="" env_steps=0
-  for i in $(seq "$NUM_ACTORS"); do
-    last="$(grep -E '^(progress|reached|done) ' "$WORK/actor$i.log" | tail -n1 || true)"
-    r="$(grep -o 'mean_return_20=[^ ]*' <<<"$last" | cut -d= -f2 || true)"
-    s="$(grep -o 'env_steps=[^ ]*' <<<"$last" | cut -d= -f2 || true)"
-    returns+="${r:--} "
-    env_steps=$((env_steps + ${s:-0}))
-  done
-  printf '[%4ss] learner %8.0f steps (%5s/s)  replay %7.0f  env steps %8d  policy v%-6.0f mean return (last 20) per actor: %s\n' \
-    "$elapsed" "$steps" "$rate" "$replay" "$env_steps" "$version" "$returns"
-
+# Checks every actor and the daemon; sets `result` when the run is over.
+check_processes() {
+  local idx pid rc i
   if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
-    echo "demo: qstreamd died:"; tail -n 20 "$WORK/qstreamd.log"; result=fail; break
+    echo "demo: qstreamd died:"; tail -n 20 "$WORK/qstreamd.log"; result=fail; return
   fi
   for idx in "${!ACTOR_PIDS[@]}"; do
     pid=${ACTOR_PIDS[$idx]}
@@ -141,19 +118,57 @@ while [ -z "$result" ]; do
     i=$((idx + 1))
     if [ "$rc" -eq 0 ] && grep -q '^reached ' "$WORK/actor$i.log"; then
       echo "demo: actor $i: $(grep '^reached ' "$WORK/actor$i.log" | tail -n1)"
-      echo "demo: mean return over the last 20 episodes reached $TARGET after ${elapsed}s" \
-        "($steps learner steps)"
       result=ok
     else
       echo "demo: actor $i exited with status $rc:"; tail -n 5 "$WORK/actor$i.log"
       result=fail
     fi
-    break
+    return
   done
-  if [ -z "$result" ] && [ "$elapsed" -ge "$TIME_CAP_S" ]; then
+}
+
+seconds_since() { awk -v a="$(date +%s.%N)" -v b="$1" 'BEGIN { printf "%.1f", a - b }'; }
+
+START=$(date +%s.%N)
+prev_steps=0
+prev_t=$START
+next_report=$REPORT_S
+result=""
+while [ -z "$result" ]; do
+  sleep 0.5
+  check_processes
+  [ -n "$result" ] && break
+  elapsed=$(seconds_since "$START")
+  if awk -v e="$elapsed" -v c="$TIME_CAP_S" 'BEGIN { exit !(e >= c) }'; then
     echo "demo: time cap ${TIME_CAP_S}s reached before a mean return of $TARGET"
     result=fail
+    break
   fi
+  awk -v e="$elapsed" -v n="$next_report" 'BEGIN { exit !(e >= n) }' || continue
+  next_report=$((next_report + REPORT_S))
+
+  now=$(date +%s.%N)
+  if ! curl -sf --max-time 2 "http://$METRICS/metrics" >"$WORK/metrics.txt"; then : >"$WORK/metrics.txt"; fi
+  steps=$(metric qstream_train_steps_total)
+  replay=$(metric qstream_replay_size)
+  ingested=$(metric qstream_transitions_ingested_total)
+  version=$(metric qstream_policy_version)
+  rate=$(awk -v s="$steps" -v p="$prev_steps" -v a="$now" -v b="$prev_t" 'BEGIN { printf "%.0f", (s - p) / (a - b) }')
+  prev_steps=$steps
+  prev_t=$now
+  returns=""
+  for i in $(seq "$NUM_ACTORS"); do
+    last="$(grep -E '^(progress|reached|done) ' "$WORK/actor$i.log" | tail -n1 || true)"
+    r="$(grep -o 'mean_return_20=[^ ]*' <<<"$last" | cut -d= -f2 || true)"
+    returns+="${r:--} "
+  done
+  printf '[%5.0fs] learner %7.0f steps (%5s/s)  transitions %8.0f  replay %6.0f  policy v%-5.0f mean return (last 20) per actor: %s\n' \
+    "$elapsed" "$steps" "$rate" "$ingested" "$replay" "$version" "$returns"
 done
 
+if [ "$result" = ok ]; then
+  if ! curl -sf --max-time 2 "http://$METRICS/metrics" >"$WORK/metrics.txt"; then : >"$WORK/metrics.txt"; fi
+  echo "demo: mean return over the last 20 episodes reached $TARGET after $(seconds_since "$START")s" \
+    "($(metric qstream_train_steps_total) learner steps, $(metric qstream_transitions_ingested_total) transitions)"
+fi
 [ "$result" = ok ]
