@@ -220,8 +220,7 @@ void Learner::InsertBatches(std::deque<Pending>* batches) {
   batches->clear();
 }
 
-void Learner::RefreshStats() {
-  const int64_t steps = backend_->steps();
+void Learner::RefreshStats(int64_t steps) {
   if (steps == refreshed_at_step_) return;
   refreshed_at_step_ = steps;
   StepStats stats = backend_->last_stats();
@@ -245,6 +244,7 @@ void Learner::Run() {
     std::deque<Pending> batches;
     bool stopping = false;
     bool step = false;
+    bool refresh_before_waiting = false;
     {
       absl::MutexLock lock(&mu_);
       stepping_ = false;
@@ -255,37 +255,42 @@ void Learner::Run() {
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || (!pending_.empty() && can_insert) || (!paused_ && can_sample);
       };
+      status_.sample_blocked = !paused_ && !can_sample;
+      status_.insert_blocked = !pending_.empty() && !can_insert;
       if (!ready()) {
+        // Going idle: first let status() show the latest step (outside the lock).
+        refresh_before_waiting = steps != refreshed_at_step_;
+        if (!refresh_before_waiting) mu_.Await(absl::Condition(&ready));
+      }
+      if (!refresh_before_waiting) {
+        if (stop_) {
+          batches.swap(pending_);
+          stopping = true;
+        } else {
+          // Reserve inserts batch by batch: a batch is admitted while the
+          // limiter allows one more (it may overshoot by itself).
+          while (!pending_.empty() && limiter_.CanInsert()) {
+            limiter_.Inserted(pending_.front().batch.n);
+            batches.push_back(std::move(pending_.front()));
+            pending_.pop_front();
+          }
+          step = !paused_ && can_sample;
+        }
         status_.sample_blocked = !paused_ && !can_sample;
         status_.insert_blocked = !pending_.empty();
-        mu_.Unlock();
-        RefreshStats();  // going idle: let status() show the latest step
-        mu_.Lock();
-        mu_.Await(absl::Condition(&ready));
+        stepping_ = true;
       }
-      if (stop_) {
-        batches.swap(pending_);
-        stopping = true;
-      } else {
-        // Reserve inserts batch by batch: a batch is admitted while the
-        // limiter allows one more (it may overshoot by itself).
-        while (!pending_.empty() && limiter_.CanInsert()) {
-          limiter_.Inserted(pending_.front().batch.n);
-          batches.push_back(std::move(pending_.front()));
-          pending_.pop_front();
-        }
-        step = !paused_ && can_sample;
-      }
-      status_.sample_blocked = !paused_ && !can_sample;
-      status_.insert_blocked = !pending_.empty();
-      stepping_ = true;
+    }
+    if (refresh_before_waiting) {
+      RefreshStats(steps);
+      continue;
     }
 
     if (stopping) {
       // Nothing accepted is lost: insert everything left, limiter or not.
       for (const Pending& p : batches) limiter_.Inserted(p.batch.n);
       InsertBatches(&batches);
-      RefreshStats();
+      RefreshStats(steps);
       absl::MutexLock lock(&mu_);
       status_.steps = steps;
       status_.sample_blocked = false;
@@ -315,7 +320,7 @@ void Learner::Run() {
     ++steps;
     // The device statistics are read only every stats_every steps, so the
     // host does not wait on the device per step.
-    if (steps % stats_every == 0) RefreshStats();
+    if (steps % stats_every == 0) RefreshStats(steps);
     if (steps % publish_every == 0) Publish();
   }
 }

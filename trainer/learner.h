@@ -109,8 +109,9 @@ class Learner {
   void Publish() ABSL_LOCKS_EXCLUDED(mu_);
   // Moves batches into the backend and runs their callbacks (caller owns the backend).
   void InsertBatches(std::deque<Pending>* batches) ABSL_LOCKS_EXCLUDED(mu_);
-  // Copies the backend's statistics and step-time windows into status_/step_times_.
-  void RefreshStats() ABSL_LOCKS_EXCLUDED(mu_);
+  // Copies the backend's statistics and step-time windows into
+  // status_/step_times_, unless already done at this step count.
+  void RefreshStats(int64_t steps) ABSL_LOCKS_EXCLUDED(mu_);
 
   const v1::TrainerConfig config_;
   std::unique_ptr<Backend> backend_;  // touched only by the learner thread once started
