@@ -234,18 +234,22 @@ TEST(LearnerTest, RateLimiterBoundsStepsPerInsert) {
   auto learner = MakeLearner(config, state);
   const NetworkSpec& spec = learner->policy()->spec;
   learner->Start();
-  learner->Enqueue(Batch(7, spec), nullptr);  // below min size: no step
+  Callbacks cb(1);
+  learner->Enqueue(Batch(7, spec), cb.For(0));  // below min size: no step
+  cb.WaitForTotal(1);
+  EXPECT_TRUE(learner->status().sample_blocked);
   absl::SleepFor(kShortWait);
   EXPECT_EQ(state->Steps(), 0);
-  EXPECT_TRUE(learner->status().sample_blocked);
   learner->Enqueue(Batch(9, spec), nullptr);
   state->WaitForSteps(5);
   absl::SleepFor(kShortWait);
   EXPECT_EQ(state->Steps(), 5);
+  learner->Pause();  // no step in flight from here: the counters are final
   LearnerStatus s = learner->status();
-  EXPECT_TRUE(s.sample_blocked);
+  EXPECT_EQ(s.steps, 5);
   EXPECT_EQ(s.rate_limiter_inserts, 16);
   EXPECT_EQ(s.rate_limiter_samples, 20);
+  learner->Resume();
   learner->Enqueue(Batch(2, spec), nullptr);  // +4 samples allowed: one more step
   state->WaitForSteps(6);
   absl::SleepFor(kShortWait);
