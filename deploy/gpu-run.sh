@@ -3,7 +3,7 @@
 # deploy/gpu-stage.sh: GPU tests, compute-sanitizer (memcheck + racecheck) on
 # a few steps, qstream-bench learner on the h200 and small configs and the
 # PyTorch peer in the same invocation. Logs go to $OUT (at most 8 files).
-# Usage: stage/gpu-run.sh [STAGE_DIR]   (env SKIP_TESTS=1, SKIP_SANITIZER=1, SKIP_PEER=1)
+# Usage: stage/gpu-run.sh [STAGE_DIR]   (env SKIP_TESTS=1, SKIP_SANITIZER=1, SKIP_PEER=1, PROFILE=1)
 set -uo pipefail
 stage="$(cd "${1:-$(dirname "$0")}" && pwd)"
 out="${OUT:-/tmp/qstream-out}"
@@ -46,6 +46,15 @@ if [[ "${SKIP_PEER:-0}" != 1 ]]; then
     > "$out/peer.jsonl" 2> "$out/peer.log"
   echo "peer rc=$?" >> "$summary"
   cat "$out/peer.jsonl" >> "$summary"
+fi
+
+if [[ "${PROFILE:-0}" == 1 ]]; then
+  # Per-kernel device time of a few steps (graph nodes profiled one by one).
+  timeout 240 ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
+    --launch-skip "${NCU_SKIP:-40}" --launch-count "${NCU_COUNT:-120}" \
+    "$bin/qstream-bench" learner --backend=cuda --config=h200 --batch=1024 --fill=100000 --steps=3 \
+    --warmup=0 --repeats=1 > "$out/ncu.csv" 2>&1
+  echo "== ncu rc=$?" >> "$summary"
 fi
 
 if [[ "${SKIP_SANITIZER:-0}" != 1 ]]; then

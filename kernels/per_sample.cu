@@ -1,6 +1,7 @@
 #include "kernels/per_sample.h"
 
 #include <cub/device/device_scan.cuh>
+#include <thrust/iterator/transform_iterator.h>
 
 #include <cmath>
 
@@ -13,13 +14,14 @@ namespace {
 constexpr int kSampleThreads = 1024;
 constexpr int kGatherThreads = 256;
 
-__global__ void ToFixedKernel(const float* __restrict__ p, uint64_t* __restrict__ fixed, int64_t n,
-                              float scale) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    // Scaling by a power of two is exact; only the rounding to an integer rounds.
-    fixed[i] = __float2ull_rn(p[i] * scale);
-  }
-}
+// p -> round(p * 2^shift). Scaling by a power of two is exact; only the
+// rounding to an integer rounds (p * 2^shift < 2^42 is exact in float).
+struct ToFixed {
+  float scale;
+  __host__ __device__ uint64_t operator()(float p) const { return static_cast<uint64_t>(rintf(p * scale)); }
+};
+
+using FixedIterator = thrust::transform_iterator<ToFixed, const float*, uint64_t>;
 
 __global__ void __launch_bounds__(kSampleThreads) StratifiedSampleKernel(PrioritySampleArgs a) {
   __shared__ float warp_max[kSampleThreads / 32];
@@ -86,20 +88,14 @@ int FixedPointShift(int64_t capacity) {
 
 cudaError_t PriorityScanTempBytes(int64_t capacity, size_t* bytes) {
   *bytes = 0;
-  return cub::DeviceScan::InclusiveSum(nullptr, *bytes, static_cast<const uint64_t*>(nullptr),
-                                       static_cast<uint64_t*>(nullptr), capacity);
+  const FixedIterator in(static_cast<const float*>(nullptr), ToFixed{1.0f});
+  return cub::DeviceScan::InclusiveSum(nullptr, *bytes, in, static_cast<uint64_t*>(nullptr), capacity);
 }
 
 cudaError_t LaunchPrioritySample(const PrioritySampleArgs& a, cudaStream_t stream) {
-  const int threads = 256;
-  const int64_t want = (a.capacity + threads - 1) / threads;
-  const int blocks = static_cast<int>(want < 4096 ? want : 4096);
-  ToFixedKernel<<<blocks, threads, 0, stream>>>(a.priorities, a.fixed, a.capacity,
-                                                std::ldexp(1.0f, a.fixed_shift));
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  const FixedIterator in(a.priorities, ToFixed{std::ldexp(1.0f, a.fixed_shift)});
   size_t temp_bytes = a.scan_temp_bytes;
-  err = cub::DeviceScan::InclusiveSum(a.scan_temp, temp_bytes, a.fixed, a.prefix, a.capacity, stream);
+  cudaError_t err = cub::DeviceScan::InclusiveSum(a.scan_temp, temp_bytes, in, a.prefix, a.capacity, stream);
   if (err != cudaSuccess) return err;
   StratifiedSampleKernel<<<1, kSampleThreads, 0, stream>>>(a);
   return cudaGetLastError();

@@ -22,8 +22,7 @@ int FixedPointShift(int64_t capacity);
 
 struct PrioritySampleArgs {
   const float* priorities = nullptr;  // capacity
-  uint64_t* fixed = nullptr;          // capacity, scratch
-  uint64_t* prefix = nullptr;         // capacity, inclusive scan of `fixed`
+  uint64_t* prefix = nullptr;         // capacity: inclusive scan of the fixed-point priorities
   void* scan_temp = nullptr;
   size_t scan_temp_bytes = 0;
   int64_t capacity = 0;
@@ -41,10 +40,11 @@ struct PrioritySampleArgs {
 // Bytes of CUB temp storage the scan of `capacity` items needs (query once at set-up).
 cudaError_t PriorityScanTempBytes(int64_t capacity, size_t* bytes);
 
-// Three launches:
-//  1. ToFixed: fixed[i] = rint(p_i * 2^shift); grid-stride, one thread per slot.
-//  2. cub::DeviceScan::InclusiveSum(fixed -> prefix) in the preallocated temp.
-//  3. StratifiedSample, one block: thread b (strided) computes
+// Two launches:
+//  1. cub::DeviceScan::InclusiveSum over rint(p_i * 2^shift) (converted as
+//     the scan reads, so no fixed-point copy is stored) into `prefix`, in the
+//     temp storage allocated once at set-up.
+//  2. StratifiedSample, one block: thread b (strided) computes
 //     u_b = (b + Uniform01(seed, t, b)) / B * total, idx_b = first j with
 //     prefix_j > u_b (binary search), clamped to size-1; w_b = (size p / total)^-beta;
 //     a block max (fixed shuffle tree) then w_b /= max. Thread b alone writes

@@ -39,17 +39,33 @@ constexpr int kTimingWindows = 512;
 // Default shared memory a block may use without opting in.
 constexpr size_t kSharedBytesLimit = 48 * 1024;
 
-// Outputs of one network pass, row-major [rows][features].
+// Outputs of one network pass, row-major [rows][features], and the ReLU bit
+// masks of the hidden layers when the pass will be differentiated.
 struct Activations {
   int rows = 0;
   std::vector<DeviceBuffer<float>> trunk;
   DeviceBuffer<float> value_hidden, value, adv_hidden, adv;
+  std::vector<DeviceBuffer<char>> trunk_mask;
+  DeviceBuffer<char> value_hidden_mask, adv_hidden_mask;
 
-  absl::Status Allocate(const NetworkSpec& spec, int n) {
+  static cuda::ReluMask Mask(const DeviceBuffer<char>& bits, int features) {
+    if (bits.get() == nullptr) return {};
+    return {bits.get(), cuda::ReluMask::LeadingDim(features)};
+  }
+
+  absl::Status Allocate(const NetworkSpec& spec, int n, bool with_masks) {
     rows = n;
     trunk.resize(spec.trunk.size());
+    trunk_mask.resize(spec.trunk.size());
     for (size_t k = 0; k < spec.trunk.size(); ++k) {
       if (auto s = trunk[k].Allocate(size_t(n) * spec.trunk[k].out); !s.ok()) return s;
+      if (with_masks) {
+        if (auto s = trunk_mask[k].Allocate(cuda::ReluMask::Bytes(spec.trunk[k].out, n)); !s.ok()) return s;
+      }
+    }
+    if (with_masks) {
+      if (auto s = value_hidden_mask.Allocate(cuda::ReluMask::Bytes(spec.head_hidden, n)); !s.ok()) return s;
+      if (auto s = adv_hidden_mask.Allocate(cuda::ReluMask::Bytes(spec.head_hidden, n)); !s.ok()) return s;
     }
     if (auto s = value_hidden.Allocate(size_t(n) * spec.head_hidden); !s.ok()) return s;
     if (auto s = value.Allocate(size_t(n) * spec.num_atoms); !s.ok()) return s;
@@ -145,11 +161,14 @@ class CudaBackend final : public Backend {
   std::vector<DeviceBuffer<float>> d_trunk_;
   // Per-sample loss outputs and reductions.
   DeviceBuffer<float> ce_, clip_mass_, q_min_, q_max_, q_sum_, norm_partials_;
-  DeviceBuffer<uint64_t> fixed_priorities_, prefix_;
+  DeviceBuffer<uint64_t> prefix_;
   DeviceBuffer<char> scan_temp_;
   int fixed_shift_ = 0;
   DeviceBuffer<float> q_values_;  // 2B x total_actions, ComputeQ
 
+  // Bias/ReLU folded into cuBLASLt epilogues; false when cuBLASLt offers no
+  // algorithm for them here, then small kernels do that work.
+  bool fused_epilogues_ = true;
   cuda::Graph graph_;
   cuda::GraphExec exec_;
 
@@ -248,8 +267,8 @@ absl::Status CudaBackend::Init() {
     QS_RETURN_IF_ERROR(buf->Allocate(B));
   }
   QS_RETURN_IF_ERROR(x_.Allocate(size_t(2 * B) * spec_.obs_dim));
-  QS_RETURN_IF_ERROR(online_.Allocate(spec_, 2 * B));
-  QS_RETURN_IF_ERROR(target_acts_.Allocate(spec_, B));
+  QS_RETURN_IF_ERROR(online_.Allocate(spec_, 2 * B, /*with_masks=*/true));
+  QS_RETURN_IF_ERROR(target_acts_.Allocate(spec_, B, /*with_masks=*/false));
   QS_RETURN_IF_ERROR(d_value_.Allocate(size_t(B) * Z));
   QS_RETURN_IF_ERROR(d_adv_.Allocate(size_t(B) * AZ));
   QS_RETURN_IF_ERROR(d_value_hidden_.Allocate(size_t(B) * spec_.head_hidden));
@@ -257,7 +276,6 @@ absl::Status CudaBackend::Init() {
   d_trunk_.resize(spec_.trunk.size());
   for (size_t k = 0; k < spec_.trunk.size(); ++k) QS_RETURN_IF_ERROR(d_trunk_[k].Allocate(size_t(B) * spec_.trunk[k].out));
   QS_RETURN_IF_ERROR(norm_partials_.Allocate(kernels::kNormBlocks));
-  QS_RETURN_IF_ERROR(fixed_priorities_.Allocate(capacity));
   QS_RETURN_IF_ERROR(prefix_.Allocate(capacity));
   size_t temp_bytes = 0;
   QS_CUDA_CHECK(kernels::PriorityScanTempBytes(capacity, &temp_bytes));
@@ -276,11 +294,21 @@ absl::Status CudaBackend::Init() {
     free_windows_.push_back(i);
   }
 
-  // cuBLAS picks and loads its kernels on first use; do that outside capture
-  // (on zero-filled buffers, so nothing observable changes).
-  QS_RETURN_IF_ERROR(EnqueueForward(params_.get(), x_.get(), &online_));
-  QS_RETURN_IF_ERROR(EnqueueForward(target_.get(), x_.get() + size_t(B) * spec_.obs_dim, &target_acts_));
-  QS_RETURN_IF_ERROR(EnqueueBackward());
+  // cuBLASLt picks and loads its kernels on first use; do that outside
+  // capture (on zero-filled buffers, so nothing observable changes), and
+  // fall back to unfused epilogues if it has none for them.
+  auto warm_up = [&]() -> absl::Status {
+    QS_RETURN_IF_ERROR(EnqueueForward(params_.get(), x_.get(), &online_));
+    QS_RETURN_IF_ERROR(EnqueueForward(target_.get(), x_.get() + size_t(B) * spec_.obs_dim, &target_acts_));
+    return EnqueueBackward();
+  };
+  absl::Status warm = warm_up();
+  if (absl::IsUnimplemented(warm)) {
+    fused_epilogues_ = false;
+    device_name_ += " (unfused epilogues)";
+    warm = warm_up();
+  }
+  QS_RETURN_IF_ERROR(warm);
   QS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   return CaptureStep();
 }
@@ -311,7 +339,6 @@ absl::Status CudaBackend::EnqueueStep() {
   // 1. Sample B slots stratified over the priority prefix sums; IS weights.
   kernels::PrioritySampleArgs sample;
   sample.priorities = replay.priorities;
-  sample.fixed = fixed_priorities_.get();
   sample.prefix = prefix_.get();
   sample.scan_temp = scan_temp_.get();
   sample.scan_temp_bytes = scan_temp_.bytes();
@@ -426,58 +453,90 @@ absl::Status CudaBackend::EnqueueStep() {
 absl::Status CudaBackend::EnqueueForward(const float* params, const float* x, Activations* acts) {
   cudaStream_t s = stream_.get();
   const int rows = acts->rows;
-  auto linear = [&](const LinearView& l, const float* in, float* out, bool relu) -> absl::Status {
-    QS_RETURN_IF_ERROR(gemm_.Forward(in, params + l.w_offset, rows, l.in, l.out, out));
+  auto linear = [&](const LinearView& l, const float* in, float* out, bool relu,
+                    const DeviceBuffer<char>& mask) -> absl::Status {
+    if (fused_epilogues_) {
+      return gemm_.Forward(in, params + l.w_offset, params + l.b_offset, rows, l.in, l.out, relu,
+                           Activations::Mask(mask, l.out), out);
+    }
+    QS_RETURN_IF_ERROR(gemm_.Forward(in, params + l.w_offset, nullptr, rows, l.in, l.out, false, {}, out));
     QS_CUDA_CHECK(kernels::LaunchBiasActivation({out, rows, l.out}, params + l.b_offset, relu, s));
     return absl::OkStatus();
   };
+  const DeviceBuffer<char> none;
   const float* in = x;
   for (size_t k = 0; k < spec_.trunk.size(); ++k) {
-    QS_RETURN_IF_ERROR(linear(spec_.trunk[k], in, acts->trunk[k].get(), true));
+    QS_RETURN_IF_ERROR(linear(spec_.trunk[k], in, acts->trunk[k].get(), true, acts->trunk_mask[k]));
     in = acts->trunk[k].get();
   }
-  QS_RETURN_IF_ERROR(linear(spec_.value_hidden, in, acts->value_hidden.get(), true));
-  QS_RETURN_IF_ERROR(linear(spec_.value_out, acts->value_hidden.get(), acts->value.get(), false));
-  QS_RETURN_IF_ERROR(linear(spec_.adv_hidden, in, acts->adv_hidden.get(), true));
-  return linear(spec_.adv_out, acts->adv_hidden.get(), acts->adv.get(), false);
+  QS_RETURN_IF_ERROR(linear(spec_.value_hidden, in, acts->value_hidden.get(), true, acts->value_hidden_mask));
+  QS_RETURN_IF_ERROR(linear(spec_.value_out, acts->value_hidden.get(), acts->value.get(), false, none));
+  QS_RETURN_IF_ERROR(linear(spec_.adv_hidden, in, acts->adv_hidden.get(), true, acts->adv_hidden_mask));
+  return linear(spec_.adv_out, acts->adv_hidden.get(), acts->adv.get(), false, none);
 }
 
-// Gradients of the online s rows (the first B rows of every activation).
-// For each layer: mask dY by the ReLU output and reduce the bias gradient,
-// dW = dY^T X, then dX = dY W for the layer below.
+// Gradients of the online s rows (the first B rows of every activation and
+// mask). Per layer: the ReLU mask and bias gradient of its output gradient
+// dY (in the epilogue of the GEMM that produced dY, or a small kernel), then
+// dW = dY^T X and dX = dY W for the layer below.
 absl::Status CudaBackend::EnqueueBackward() {
   cudaStream_t s = stream_.get();
   const int B = B_;
+  const bool fused = fused_epilogues_;
   float* g = grads_.get();
   const float* p = params_.get();
   const int k_last = static_cast<int>(spec_.trunk.size()) - 1;
   const float* trunk_out = online_.trunk[k_last].get();
   auto head = [&](const LinearView& out_layer, const LinearView& hidden_layer, float* d_out, float* d_hidden,
-                  const float* hidden_act) -> absl::Status {
-    QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_out, B, out_layer.out}, nullptr,
-                                                            g + out_layer.b_offset, s));
-    QS_RETURN_IF_ERROR(gemm_.BackwardWeight(d_out, hidden_act, B, out_layer.in, out_layer.out, g + out_layer.w_offset));
-    QS_RETURN_IF_ERROR(gemm_.BackwardData(d_out, p + out_layer.w_offset, B, out_layer.in, out_layer.out, d_hidden, 0.0f));
-    QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_hidden, B, hidden_layer.out}, hidden_act,
-                                                            g + hidden_layer.b_offset, s));
-    return gemm_.BackwardWeight(d_hidden, trunk_out, B, hidden_layer.in, hidden_layer.out, g + hidden_layer.w_offset);
+                  const float* hidden_act, const DeviceBuffer<char>& hidden_mask) -> absl::Status {
+    if (fused) {
+      QS_RETURN_IF_ERROR(gemm_.BackwardWeight(d_out, hidden_act, B, out_layer.in, out_layer.out,
+                                              g + out_layer.b_offset, g + out_layer.w_offset));
+      QS_RETURN_IF_ERROR(gemm_.BackwardData(d_out, p + out_layer.w_offset, B, out_layer.in, out_layer.out, 0.0f,
+                                            Activations::Mask(hidden_mask, hidden_layer.out),
+                                            g + hidden_layer.b_offset, d_hidden));
+    } else {
+      QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_out, B, out_layer.out}, nullptr,
+                                                              g + out_layer.b_offset, s));
+      QS_RETURN_IF_ERROR(
+          gemm_.BackwardWeight(d_out, hidden_act, B, out_layer.in, out_layer.out, nullptr, g + out_layer.w_offset));
+      QS_RETURN_IF_ERROR(gemm_.BackwardData(d_out, p + out_layer.w_offset, B, out_layer.in, out_layer.out, 0.0f, {},
+                                            nullptr, d_hidden));
+      QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_hidden, B, hidden_layer.out}, hidden_act,
+                                                              g + hidden_layer.b_offset, s));
+    }
+    return gemm_.BackwardWeight(d_hidden, trunk_out, B, hidden_layer.in, hidden_layer.out, nullptr,
+                                g + hidden_layer.w_offset);
   };
-  QS_RETURN_IF_ERROR(head(spec_.adv_out, spec_.adv_hidden, d_adv_.get(), d_adv_hidden_.get(), online_.adv_hidden.get()));
-  QS_RETURN_IF_ERROR(
-      head(spec_.value_out, spec_.value_hidden, d_value_.get(), d_value_hidden_.get(), online_.value_hidden.get()));
-  // d trunk_out = dAH W_ah + dVH W_vh.
+  QS_RETURN_IF_ERROR(head(spec_.adv_out, spec_.adv_hidden, d_adv_.get(), d_adv_hidden_.get(), online_.adv_hidden.get(),
+                          online_.adv_hidden_mask));
+  QS_RETURN_IF_ERROR(head(spec_.value_out, spec_.value_hidden, d_value_.get(), d_value_hidden_.get(),
+                          online_.value_hidden.get(), online_.value_hidden_mask));
+  // d trunk_out = dAH W_ah + dVH W_vh, then its mask and bias gradient.
   float* d_top = d_trunk_[k_last].get();
   const LinearView& ah = spec_.adv_hidden;
   const LinearView& vh = spec_.value_hidden;
-  QS_RETURN_IF_ERROR(gemm_.BackwardData(d_adv_hidden_.get(), p + ah.w_offset, B, ah.in, ah.out, d_top, 0.0f));
-  QS_RETURN_IF_ERROR(gemm_.BackwardData(d_value_hidden_.get(), p + vh.w_offset, B, vh.in, vh.out, d_top, 1.0f));
+  QS_RETURN_IF_ERROR(gemm_.BackwardData(d_adv_hidden_.get(), p + ah.w_offset, B, ah.in, ah.out, 0.0f, {}, nullptr, d_top));
+  QS_RETURN_IF_ERROR(gemm_.BackwardData(d_value_hidden_.get(), p + vh.w_offset, B, vh.in, vh.out, 1.0f, {}, nullptr, d_top));
+  QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_top, B, spec_.trunk[k_last].out}, trunk_out,
+                                                          g + spec_.trunk[k_last].b_offset, s));
   for (int k = k_last; k >= 0; --k) {
     const LinearView& l = spec_.trunk[k];
     float* dy = d_trunk_[k].get();
-    QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({dy, B, l.out}, online_.trunk[k].get(), g + l.b_offset, s));
     const float* x = k > 0 ? online_.trunk[k - 1].get() : x_.get();
-    QS_RETURN_IF_ERROR(gemm_.BackwardWeight(dy, x, B, l.in, l.out, g + l.w_offset));
-    if (k > 0) QS_RETURN_IF_ERROR(gemm_.BackwardData(dy, p + l.w_offset, B, l.in, l.out, d_trunk_[k - 1].get(), 0.0f));
+    QS_RETURN_IF_ERROR(gemm_.BackwardWeight(dy, x, B, l.in, l.out, nullptr, g + l.w_offset));
+    if (k == 0) break;
+    const LinearView& below = spec_.trunk[k - 1];
+    float* d_below = d_trunk_[k - 1].get();
+    if (fused) {
+      QS_RETURN_IF_ERROR(gemm_.BackwardData(dy, p + l.w_offset, B, l.in, l.out, 0.0f,
+                                            Activations::Mask(online_.trunk_mask[k - 1], below.out),
+                                            g + below.b_offset, d_below));
+    } else {
+      QS_RETURN_IF_ERROR(gemm_.BackwardData(dy, p + l.w_offset, B, l.in, l.out, 0.0f, {}, nullptr, d_below));
+      QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_below, B, below.out}, online_.trunk[k - 1].get(),
+                                                              g + below.b_offset, s));
+    }
   }
   return absl::OkStatus();
 }

@@ -1,21 +1,35 @@
-// The three GEMMs of a Linear layer y = x W^T (+ b elsewhere) through cuBLAS,
-// on row-major activations and the flat buffer's W[out][in] row-major:
-//   Forward:      Y[rows][out]  = X[rows][in] W^T
-//   BackwardData: dX[rows][in]  = dY[rows][out] W   (+ beta dX)
-//   BackwardWeight: dW[out][in] = dY^T X
-// cuBLAS is column-major, so a row-major [r][c] matrix is passed as the
-// column-major c x r matrix with leading dimension c.
-// TF32 tensor cores when allowed, else exact fp32 (CUBLAS_COMPUTE_32F with
-// the default math mode, which never down-converts).
+// The three GEMMs of a Linear layer through cuBLASLt, with the bias and ReLU
+// work folded into the GEMM epilogues. Row-major activations [rows][features]
+// and the flat buffer's W[out][in] row-major; cuBLASLt is column-major, so a
+// row-major [r][c] matrix is passed as the column-major c x r matrix (ld c).
+//   Forward:        Y = act(X W^T + b)          epilogue BIAS / RELU_BIAS / RELU_AUX_BIAS
+//                   (RELU_AUX_BIAS also stores the ReLU bit mask for the backward)
+//   BackwardData:   dX = dY W (+ beta dX)       optional DRELU_BGRAD: dX *= relu'(mask),
+//                                               bias grad of the layer below = sum_rows dX
+//   BackwardWeight: dW = dY^T X                 optional BGRADB: db = sum_rows dY
+// TF32 tensor cores when allowed, else exact fp32 (CUBLAS_COMPUTE_32F).
+// A plan (descriptors + heuristic algorithm) is made per call: the step is
+// enqueued once, into the captured graph, so this host work is not per step.
 #pragma once
 
-#include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_runtime_api.h>
+
+#include <cstdint>
 
 #include "absl/status/status.h"
 #include "trainer/cuda/device_memory.h"
 
 namespace qstream::cuda {
+
+// ReLU bit mask of a [rows][features] activation, as cuBLASLt stores it:
+// column-major features x rows bits with a leading dimension divisible by 128.
+struct ReluMask {
+  void* bits = nullptr;
+  int64_t ld = 0;  // bits per row of the activation
+  static int64_t LeadingDim(int features) { return (features + 127) / 128 * 128; }
+  static size_t Bytes(int features, int rows) { return static_cast<size_t>(LeadingDim(features)) / 8 * rows; }
+};
 
 class Gemm {
  public:
@@ -24,17 +38,27 @@ class Gemm {
   Gemm& operator=(const Gemm&) = delete;
   ~Gemm();
 
-  // Creates the handle on `stream` with its own workspace, so that graph
-  // capture never makes cuBLAS allocate.
   absl::Status Init(cudaStream_t stream, bool allow_tf32);
 
-  absl::Status Forward(const float* x, const float* w, int rows, int in, int out, float* y) const;
-  absl::Status BackwardData(const float* dy, const float* w, int rows, int in, int out, float* dx,
-                            float beta) const;
-  absl::Status BackwardWeight(const float* dy, const float* x, int rows, int in, int out, float* dw) const;
+  // y = x W^T + b, then ReLU when relu; mask.bits != nullptr stores the ReLU mask.
+  // b == nullptr: plain y = x W^T (bias and ReLU left to the caller).
+  // Unimplemented when cuBLASLt has no algorithm for a fused epilogue.
+  absl::Status Forward(const float* x, const float* w, const float* b, int rows, int in, int out, bool relu,
+                       ReluMask mask, float* y) const;
+  // dx = dy W + beta dx; with mask.bits: dx *= relu'(mask) and bias_grad = sum_rows dx.
+  absl::Status BackwardData(const float* dy, const float* w, int rows, int in, int out, float beta, ReluMask mask,
+                            float* bias_grad, float* dx) const;
+  // dw = dy^T x; with bias_grad: bias_grad = sum_rows dy.
+  absl::Status BackwardWeight(const float* dy, const float* x, int rows, int in, int out, float* bias_grad,
+                              float* dw) const;
 
  private:
-  cublasHandle_t handle_ = nullptr;
+  absl::Status Matmul(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, const float* a, int lda,
+                      const float* b, int ldb, float beta, float* d, int ldd, cublasLtEpilogue_t epilogue,
+                      const void* bias, const ReluMask& mask) const;
+
+  cublasLtHandle_t handle_ = nullptr;
+  cudaStream_t stream_ = nullptr;
   cublasComputeType_t compute_ = CUBLAS_COMPUTE_32F;
   DeviceBuffer<char> workspace_;
 };
