@@ -314,6 +314,7 @@ void Learner::Run() {
       std::fprintf(stderr, "qstream learner: step failed, pausing: %s\n", s.ToString().c_str());
       absl::MutexLock lock(&mu_);
       paused_ = true;
+      status_.last_error = s.ToString();
       continue;
     }
     limiter_.Sampled(batch_size);

@@ -57,6 +57,8 @@ struct LearnerStatus {
   StepStats last_stats;
   std::vector<int64_t> guard_trips;  // index = GuardReason
   int64_t policy_version = 0;
+  // Last failed backend step ("" when none); a failed step pauses the learner.
+  std::string last_error;
 };
 
 class Learner {

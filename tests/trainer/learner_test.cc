@@ -24,6 +24,8 @@ struct FakeState {
   int64_t steps ABSL_GUARDED_BY(mu) = 0;
   int64_t last_stats_calls ABSL_GUARDED_BY(mu) = 0;
   int64_t drained_steps ABSL_GUARDED_BY(mu) = 0;
+  bool fail_steps ABSL_GUARDED_BY(mu) = false;  // Step() returns an error while set
+  int64_t failed_steps ABSL_GUARDED_BY(mu) = 0;
 
   int64_t Steps() {
     absl::MutexLock lock(&mu);
@@ -66,6 +68,10 @@ class FakeBackend : public Backend {
   absl::Status Step() override {
     absl::MutexLock lock(&state_->mu);
     if (state_->inserted_rows == 0) return absl::FailedPreconditionError("empty replay");
+    if (state_->fail_steps) {
+      state_->failed_steps += 1;
+      return absl::InternalError("injected device failure");
+    }
     state_->steps += 1;
     return absl::OkStatus();
   }
@@ -403,6 +409,36 @@ TEST(LearnerTest, CheckpointWritesLatestSnapshot) {
   EXPECT_FALSE(std::ifstream(path + ".tmp").good());
   std::remove(path.c_str());
   EXPECT_FALSE(learner->Checkpoint("/nonexistent-dir/x.pb").ok());
+}
+
+// Polls `done` until it holds: waits for an event, asserts nothing about time.
+template <typename F>
+void WaitUntil(F done) {
+  while (!done()) absl::SleepFor(absl::Milliseconds(1));
+}
+
+TEST(LearnerTest, FailedStepPausesUntilResume) {
+  auto state = std::make_shared<FakeState>();
+  auto learner = MakeLearner(TestConfig(), state);
+  {
+    absl::MutexLock lock(&state->mu);
+    state->fail_steps = true;
+  }
+  learner->Enqueue(Batch(8, learner->policy()->spec), nullptr);
+  learner->Start();
+  WaitUntil([&] { return learner->status().paused; });
+  absl::SleepFor(kShortWait);
+  LearnerStatus s = learner->status();
+  EXPECT_NE(s.last_error.find("injected device failure"), std::string::npos) << s.last_error;
+  EXPECT_EQ(s.steps, 0);
+  {
+    absl::MutexLock lock(&state->mu);
+    EXPECT_EQ(state->failed_steps, 1);  // no retry loop while paused
+    state->fail_steps = false;
+  }
+  learner->Resume();
+  state->WaitForSteps(3);
+  learner->Stop();
 }
 
 TEST(LearnerTest, RejectsDeadlockingRateLimiter) {
