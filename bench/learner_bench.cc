@@ -59,6 +59,7 @@ std::vector<int> DefaultBatches(const std::string& config) {
 absl::Status ParseFlags(int argc, char** argv, Flags* f) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") return absl::CancelledError("help");
     if (arg.rfind("--", 0) != 0) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
     const size_t eq = arg.find('=');
     if (eq == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("flag needs a value: ", arg));
@@ -299,8 +300,14 @@ absl::Status RunCase(const Flags& flags, const std::string& config_name, int bat
 int RunLearnerBench(int argc, char** argv) {
   Flags flags;
   if (absl::Status s = ParseFlags(argc, argv, &flags); !s.ok()) {
-    std::fprintf(stderr, "qstream-bench learner: %s\n", std::string(s.message()).c_str());
-    return 2;
+    if (!absl::IsCancelled(s)) std::fprintf(stderr, "qstream-bench learner: %s\n", std::string(s.message()).c_str());
+    std::fprintf(stderr,
+                 "usage: qstream-bench learner [--config=small,h200] [--batch=64,256] [--backend=auto|cpu|cuda]\n"
+                 "  [--steps=N (cpu %lld, cuda %lld)] [--repeats=R (5)] [--warmup=W (steps/5)] [--fill=N (capacity)]\n"
+                 "  [--seed=S] [--peak_tflops=T (cpu %g, cuda %g)] [--peak_gbps=G (cpu %g, cuda %g)]\n",
+                 static_cast<long long>(kCpuDefaultSteps), static_cast<long long>(kCudaDefaultSteps), kCpuPeakTflops,
+                 kCudaPeakTflops, kCpuPeakGbps, kCudaPeakGbps);
+    return absl::IsCancelled(s) ? 0 : 2;
   }
   for (const std::string& config : flags.configs) {
     const std::vector<int> batches = flags.batches.empty() ? DefaultBatches(config) : flags.batches;

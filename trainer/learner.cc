@@ -203,6 +203,9 @@ void Learner::Publish() {
   for (auto& [id, listener] : listeners_) listener(snapshot);
 }
 
+// The rate limiter already counted these batches when they were taken; a
+// batch the backend rejects (inconsistent columns, which ingest validation
+// rules out) stays counted, and its callback gets the error.
 void Learner::InsertBatches(std::deque<Pending>* batches) {
   for (Pending& p : *batches) {
     absl::Status s = backend_->Insert(p.batch);
