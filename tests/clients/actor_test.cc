@@ -31,6 +31,8 @@ v1::TrainerConfig SmallConfig(bool train) {
   c.mutable_returns()->set_n_step(kNStep);
   c.mutable_rate_limiter()->set_min_size_to_sample(train ? 200 : 100000);
   c.mutable_rate_limiter()->set_samples_per_insert(train ? 4 : 1);
+  // The learner stays near the ratio instead of running on alone.
+  c.mutable_rate_limiter()->set_error_buffer(1000);
   c.mutable_server()->set_publish_every(5);
   return c;
 }

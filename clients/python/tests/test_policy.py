@@ -15,7 +15,7 @@ BRANCHING_CONFIG = """
 network { obs_dim: 6 trunk_hidden: 32 trunk_hidden: 16 head_hidden: 8 num_atoms: 11
           v_min: -5 v_max: 7 branch_actions: 3 branch_actions: 2 }
 replay { capacity: 4096 batch_size: 32 }
-rate_limiter { min_size_to_sample: 256 samples_per_insert: 4 }
+rate_limiter { min_size_to_sample: 256 samples_per_insert: 4 error_buffer: 512 }
 server { publish_every: 5 }
 seed: 11
 """
