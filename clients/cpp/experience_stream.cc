@@ -1,15 +1,35 @@
 #include "clients/cpp/experience_stream.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 
 namespace qstream::actor {
+namespace {
+
+constexpr absl::Duration kInitialBackoff = absl::Milliseconds(100);
+
+// Codes after which resending cannot help: the daemon refused the stream.
+bool IsFinal(grpc::StatusCode code) {
+  return code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::UNAUTHENTICATED ||
+         code == grpc::StatusCode::PERMISSION_DENIED || code == grpc::StatusCode::UNIMPLEMENTED ||
+         code == grpc::StatusCode::FAILED_PRECONDITION;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ExperienceStream>> ExperienceStream::Open(
     const std::shared_ptr<grpc::Channel>& channel, const Options& options) {
   if (options.max_in_flight < 1) return absl::InvalidArgumentError("max_in_flight must be >= 1");
   std::unique_ptr<ExperienceStream> s(new ExperienceStream(v1::ExperienceService::NewStub(channel), options));
-  s->call_ = s->stub_->Stream(&s->context_);
-  if (s->call_ == nullptr) return absl::UnavailableError("could not start ExperienceService.Stream");
+  auto attempt = std::make_shared<Attempt>();
+  attempt->call = s->stub_->Stream(&attempt->context);
+  if (attempt->call == nullptr) return absl::UnavailableError("could not start ExperienceService.Stream");
+  {
+    absl::MutexLock lock(&s->mu_);
+    s->attempt_ = std::move(attempt);
+  }
   s->reader_ = std::thread([p = s.get()] { p->ReadLoop(); });
   return s;
 }
@@ -18,58 +38,144 @@ ExperienceStream::ExperienceStream(std::unique_ptr<v1::ExperienceService::Stub> 
     : options_(options), stub_(std::move(stub)) {}
 
 ExperienceStream::~ExperienceStream() {
-  if (!closed_) context_.TryCancel();
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    if (attempt_ != nullptr) attempt_->context.TryCancel();
+  }
   if (reader_.joinable()) reader_.join();
-  if (!closed_ && call_ != nullptr) call_->Finish().ok();
+}
+
+void ExperienceStream::Fail(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  if (error_.ok()) error_ = std::move(status);
+}
+
+void ExperienceStream::Reconnect() {
+  auto attempt = std::make_shared<Attempt>();
+  attempt->call = stub_->Stream(&attempt->context);
+  absl::MutexLock write_lock(&write_mu_);
+  std::vector<v1::TransitionBatch> resend;
+  {
+    absl::MutexLock lock(&mu_);
+    attempt_ = attempt;
+    ++generation_;
+    ++totals_.reconnects;
+    resend.assign(unacked_.begin(), unacked_.end());
+    if (cancelled_) attempt->context.TryCancel();
+  }
+  // A failed write shows up as a failed Read in ReadLoop, which reconnects again.
+  for (const v1::TransitionBatch& b : resend) {
+    if (!attempt->call->Write(b)) break;
+  }
+  absl::MutexLock lock(&mu_);
+  // Close() half-closed the previous attempt; this one ends the same way.
+  if (closing_) attempt->call->WritesDone();
 }
 
 void ExperienceStream::ReadLoop() {
-  v1::Ack ack;
-  while (call_->Read(&ack)) {
-    absl::MutexLock lock(&mu_);
-    ++totals_.acked_batches;
-    totals_.accepted_transitions += ack.accepted();
-    totals_.replay_size = ack.replay_size();
-    totals_.daemon_policy_version = ack.policy_version();
-    totals_.throttle = ack.throttle();
-    if (ack.has_error() && error_.ok()) {
-      error_ = absl::InvalidArgumentError(absl::StrCat("batch ", ack.sequence(), " rejected, field '",
-                                                       ack.error().field(), "': ", ack.error().message()));
+  absl::Duration backoff = kInitialBackoff;
+  absl::Time failing_since = absl::InfiniteFuture();
+  while (true) {
+    std::shared_ptr<Attempt> attempt;
+    {
+      absl::MutexLock lock(&mu_);
+      attempt = attempt_;
     }
+    v1::Ack ack;
+    while (attempt->call->Read(&ack)) {
+      absl::MutexLock lock(&mu_);
+      backoff = kInitialBackoff;
+      failing_since = absl::InfiniteFuture();
+      totals_.replay_size = ack.replay_size();
+      totals_.daemon_policy_version = ack.policy_version();
+      totals_.throttle = ack.throttle();
+      // Acks come in order; one for an older sequence re-acknowledges a resend.
+      if (unacked_.empty() || ack.sequence() != unacked_.front().sequence()) continue;
+      unacked_.pop_front();
+      ++totals_.acked_batches;
+      if (ack.has_error()) {
+        if (error_.ok()) {
+          error_ = absl::InvalidArgumentError(absl::StrCat("batch ", ack.sequence(), " rejected, field '",
+                                                           ack.error().field(), "': ", ack.error().message()));
+        }
+      } else {
+        totals_.accepted_transitions += ack.accepted();
+      }
+    }
+    grpc::Status status;
+    {
+      // Read failed, so the call is over and a concurrent Write returns at
+      // once; waiting for it keeps Finish from racing a Write.
+      absl::MutexLock write_lock(&write_mu_);
+      status = attempt->call->Finish();
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_ || (closing_ && unacked_.empty())) break;
+    }
+    if (IsFinal(status.error_code())) {
+      Fail(absl::UnavailableError(absl::StrCat("experience stream ended by the daemon: ", status.error_message())));
+      break;
+    }
+    const absl::Time now = absl::Now();
+    failing_since = std::min(failing_since, now);
+    if (now - failing_since > options_.reconnect_timeout) {
+      Fail(absl::UnavailableError(absl::StrCat("experience stream: no connection for ",
+                                               absl::FormatDuration(options_.reconnect_timeout), ": ",
+                                               status.error_message())));
+      break;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      // Sleeps out the backoff, but wakes at once when the stream is torn down.
+      mu_.AwaitWithTimeout(absl::Condition(&cancelled_), backoff);
+      if (cancelled_) break;
+    }
+    backoff = std::min(backoff * 2, options_.max_backoff);
+    Reconnect();
   }
   absl::MutexLock lock(&mu_);
   reader_done_ = true;
-  if (error_.ok() && totals_.acked_batches < totals_.sent_batches) {
+  if (error_.ok() && !unacked_.empty()) {
     error_ = absl::UnavailableError("experience stream ended with unacknowledged batches");
   }
 }
 
 absl::Status ExperienceStream::Send(v1::TransitionBatch batch) {
+  std::shared_ptr<Attempt> attempt;
+  int64_t generation = 0;
   {
     absl::MutexLock lock(&mu_);
     auto has_room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !error_.ok() || reader_done_ || totals_.sent_batches - totals_.acked_batches < options_.max_in_flight;
+      return !error_.ok() || reader_done_ || static_cast<int>(unacked_.size()) < options_.max_in_flight;
     };
     mu_.Await(absl::Condition(&has_room));
     if (!error_.ok()) return error_;
-    if (reader_done_) return absl::UnavailableError("experience stream closed by the daemon");
+    if (reader_done_ || closing_) return absl::FailedPreconditionError("experience stream is closed");
     batch.set_sequence(next_sequence_++);
     batch.set_stream_id(options_.stream_id);
     ++totals_.sent_batches;
     totals_.sent_transitions += batch.count();
+    unacked_.push_back(batch);
+    attempt = attempt_;
+    generation = generation_;
   }
-  if (!call_->Write(batch)) {
+  absl::MutexLock write_lock(&write_mu_);
+  {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&reader_done_));
-    return error_.ok() ? absl::UnavailableError("experience stream broken") : error_;
+    // A reconnect since then already resent this batch on the new attempt.
+    if (generation != generation_) return absl::OkStatus();
   }
+  // A failed write means the call broke: the reader reconnects and resends.
+  attempt->call->Write(batch);
   return absl::OkStatus();
 }
 
 absl::Status ExperienceStream::Flush() {
   absl::MutexLock lock(&mu_);
   auto all_acked = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !error_.ok() || reader_done_ || totals_.acked_batches == totals_.sent_batches;
+    return !error_.ok() || reader_done_ || unacked_.empty();
   };
   mu_.Await(absl::Condition(&all_acked));
   return error_;
@@ -77,13 +183,16 @@ absl::Status ExperienceStream::Flush() {
 
 absl::Status ExperienceStream::Close() {
   absl::Status flushed = Flush();
-  closed_ = true;
-  call_->WritesDone();
-  reader_.join();
-  grpc::Status s = call_->Finish();
+  {
+    absl::MutexLock write_lock(&write_mu_);
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    if (!reader_done_) attempt_->call->WritesDone();
+  }
+  if (reader_.joinable()) reader_.join();
   if (!flushed.ok()) return flushed;
-  if (!s.ok()) return absl::UnavailableError(absl::StrCat("experience stream: ", s.error_message()));
-  return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  return error_;
 }
 
 StreamTotals ExperienceStream::totals() const {

@@ -1,11 +1,18 @@
-// ExperienceStream: one ExperienceService.Stream call. Send() numbers each
+// ExperienceStream: one logical ExperienceService.Stream. Send() numbers each
 // batch and writes it; a reader thread owned by the stream collects the acks.
 // At most `max_in_flight` batches are unacknowledged at a time: Send() blocks
 // until the daemon catches up, so a slow learner slows the actor down
 // instead of piling up data in memory.
+//
+// When the call breaks (daemon restart, network), the reader thread opens a
+// new call with exponential backoff and resends every unacknowledged batch
+// with the same stream_id and sequence; the daemon acknowledges already
+// inserted ones again without inserting them twice. An error ack or a
+// protocol error from the daemon is final.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -14,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "qstream/v1/experience.grpc.pb.h"
 
@@ -27,6 +35,7 @@ struct StreamTotals {
   int64_t replay_size = 0;           // from the last ack
   int64_t daemon_policy_version = 0;
   bool throttle = false;
+  int64_t reconnects = 0;
 };
 
 class ExperienceStream {
@@ -35,6 +44,9 @@ class ExperienceStream {
     int max_in_flight = 8;
     // Sent with every batch; identifies the stream for resend de-duplication.
     std::string stream_id;
+    // Give up when no call could be (re)established for this long.
+    absl::Duration reconnect_timeout = absl::Seconds(60);
+    absl::Duration max_backoff = absl::Seconds(2);
   };
 
   static absl::StatusOr<std::unique_ptr<ExperienceStream>> Open(const std::shared_ptr<grpc::Channel>& channel,
@@ -55,19 +67,33 @@ class ExperienceStream {
   StreamTotals totals() const;
 
  private:
+  using Call = grpc::ClientReaderWriter<v1::TransitionBatch, v1::Ack>;
+  // One attempt of the call; replaced on reconnect.
+  struct Attempt {
+    grpc::ClientContext context;
+    std::unique_ptr<Call> call;
+  };
+
   ExperienceStream(std::unique_ptr<v1::ExperienceService::Stub> stub, const Options& options);
   void ReadLoop();
+  // Starts a new attempt and writes every unacknowledged batch to it.
+  void Reconnect() ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
+  void Fail(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
   std::unique_ptr<v1::ExperienceService::Stub> stub_;
-  grpc::ClientContext context_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::TransitionBatch, v1::Ack>> call_;
   std::thread reader_;
-  bool closed_ = false;  // touched by the writing thread only
 
+  // Serializes writes (and WritesDone) on the current attempt; taken before mu_.
+  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
+  std::shared_ptr<Attempt> attempt_ ABSL_GUARDED_BY(mu_);
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<v1::TransitionBatch> unacked_ ABSL_GUARDED_BY(mu_);
   StreamTotals totals_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;    // Close(): half-closed, draining
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // destructor: stop at once
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };

@@ -38,6 +38,7 @@ ABSL_FLAG(int, batch_transitions, 64, "transitions per TransitionBatch");
 ABSL_FLAG(int, max_in_flight, 8, "unacknowledged batches before sending blocks");
 ABSL_FLAG(double, report_every_s, 5, "seconds between progress lines");
 ABSL_FLAG(double, connect_timeout_s, 30, "how long to wait for the daemon's first policy");
+ABSL_FLAG(double, reconnect_timeout_s, 60, "give up when the daemon cannot be reached for this long");
 ABSL_FLAG(std::string, stream_id, "", "stream identity for resend de-duplication (default: host-pid)");
 
 namespace {
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
   qstream::actor::ExperienceStream::Options stream_options;
   stream_options.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   stream_options.stream_id = absl::GetFlag(FLAGS_stream_id);
+  stream_options.reconnect_timeout = absl::Seconds(absl::GetFlag(FLAGS_reconnect_timeout_s));
   if (stream_options.stream_id.empty()) stream_options.stream_id = DefaultStreamId();
   auto stream = qstream::actor::ExperienceStream::Open(channel, stream_options);
   if (!stream.ok()) {
@@ -110,7 +112,7 @@ int main(int argc, char** argv) {
   }
   std::cout << "qstream-actor finished env_steps=" << result->env_steps << " episodes=" << result->episodes
             << " mean_return=" << result->mean_return << " sent=" << result->stream.sent_transitions
-            << " accepted=" << result->stream.accepted_transitions
+            << " accepted=" << result->stream.accepted_transitions << " reconnects=" << result->stream.reconnects
             << " reached_target=" << (result->reached_target ? "yes" : "no") << std::endl;
   const bool target_set = !std::isnan(options.stop_at_return);
   if (target_set && !result->reached_target && !g_stop.load()) return 3;

@@ -167,5 +167,56 @@ TEST_F(ActorTest, ErrorAckSurfacesWithTheField) {
   EXPECT_EQ(daemon_->counters().transitions(), 0);
 }
 
+// The daemon goes away mid-stream and a new one comes up on the same port:
+// the stream reconnects, resends what was not acknowledged, and ends with
+// every batch acknowledged.
+TEST_F(ActorTest, StreamSurvivesDaemonRestart) {
+  StartDaemon(SmallConfig(false));
+  const std::string address = daemon_->grpc_address();
+  ExperienceStream::Options so;
+  so.max_in_flight = 4;
+  so.stream_id = "restart-test";
+  so.max_backoff = absl::Milliseconds(200);
+  auto stream = ExperienceStream::Open(channel_, so);
+  ASSERT_TRUE(stream.ok());
+  auto batch = [] {
+    v1::TransitionBatch b;
+    b.set_kind(v1::TransitionBatch::KIND_NSTEP);
+    b.set_count(10);
+    for (int i = 0; i < 40; ++i) {
+      b.add_obs(0.01f * i);
+      b.add_next_obs(0.02f * i);
+    }
+    for (int i = 0; i < 10; ++i) {
+      b.add_actions(i % 2);
+      b.add_rewards(1);
+      b.add_discounts(0.9f);
+    }
+    return b;
+  };
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE((*stream)->Send(batch()).ok());
+  ASSERT_TRUE((*stream)->Flush().ok());
+
+  daemon_->Shutdown(absl::Milliseconds(200));
+  daemon_.reset();
+  // Batches sent while no daemon is up wait in the stream for the next one.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*stream)->Send(batch()).ok());
+  DaemonOptions options;
+  options.config = SmallConfig(false);
+  options.backend = BackendKind::kCpu;
+  options.listen = address;
+  auto d = Daemon::Start(options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  daemon_ = *std::move(d);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE((*stream)->Send(batch()).ok());
+  ASSERT_TRUE((*stream)->Flush().ok());
+  ASSERT_TRUE((*stream)->Close().ok());
+  const StreamTotals t = (*stream)->totals();
+  EXPECT_GE(t.reconnects, 1);
+  EXPECT_EQ(t.acked_batches, 28);
+  EXPECT_EQ(t.accepted_transitions, 280);
+  EXPECT_EQ(daemon_->counters().transitions(), 80);  // the new daemon got the last 8 batches
+}
+
 }  // namespace
 }  // namespace qstream::actor
