@@ -33,7 +33,7 @@ absl::Status CheckPolicyFits(const PolicySnapshot& snap, const Env& env) {
 // Columns of the batch being filled.
 class BatchBuilder {
  public:
-  explicit BatchBuilder(int obs_dim) : obs_dim_(obs_dim) { Clear(); }
+  BatchBuilder() { Clear(); }
 
   void Add(std::span<const float> obs, std::span<const float> next_obs, int action, float reward, bool terminated,
            bool truncated, int env_id, int64_t policy_version) {
@@ -66,7 +66,6 @@ class BatchBuilder {
     oldest_version_ = std::numeric_limits<int64_t>::max();
   }
 
-  int obs_dim_;
   v1::TransitionBatch batch_;
   int64_t oldest_version_ = 0;
 };
@@ -98,7 +97,7 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
   std::uniform_real_distribution<double> coin(0.0, 1.0);
   std::uniform_int_distribution<int> random_action(0, num_actions - 1);
   ReturnTracker returns(n, options.return_window);
-  BatchBuilder batch(obs_dim);
+  BatchBuilder batch;
   std::vector<float> q;
   std::vector<int32_t> greedy(n);
 
