@@ -21,7 +21,10 @@ __global__ void __launch_bounds__(kThreads) GradSumSquaresKernel(const float* __
 }
 
 __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs a) {
+  extern __shared__ int32_t sh_idx[];  // B
   __shared__ float scratch[kFinalizeThreads / 32];
+  __shared__ int32_t sh_apply;
+  for (int b = threadIdx.x; b < a.batch; b += blockDim.x) sh_idx[b] = a.indices[b];
   float norm_sq = 0.0f;
   for (int i = threadIdx.x; i < kNormBlocks; i += blockDim.x) norm_sq += a.norm_partials[i];
   norm_sq = BlockSum(norm_sq, scratch);
@@ -40,40 +43,62 @@ __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs 
   qmin = BlockMin(qmin, scratch);
   qmax = BlockMax(qmax, scratch);
   bad = BlockMax(bad, scratch);
-  if (threadIdx.x != 0) return;
 
   DeviceState* s = a.state;
-  const float loss = wce / a.batch;
-  const float norm = sqrtf(norm_sq);
-  int32_t reason = 0;
-  if (!isfinite(loss)) {
-    reason = 1;
-  } else if (!isfinite(norm)) {
-    reason = 2;
-  } else if (a.max_grad_norm > 0.0f && norm > a.max_grad_norm) {
-    reason = 3;
-  } else if (bad > 0.0f || fmaxf(fabsf(qmin), fabsf(qmax)) > a.q_bound) {
-    reason = 4;
+  if (threadIdx.x == 0) {
+    const float loss = wce / a.batch;
+    const float norm = sqrtf(norm_sq);
+    int32_t reason = 0;
+    if (!isfinite(loss)) {
+      reason = 1;
+    } else if (!isfinite(norm)) {
+      reason = 2;
+    } else if (a.max_grad_norm > 0.0f && norm > a.max_grad_norm) {
+      reason = 3;
+    } else if (bad > 0.0f || fmaxf(fabsf(qmin), fabsf(qmax)) > a.q_bound) {
+      reason = 4;
+    }
+    s->apply = reason == 0 ? 1 : 0;
+    s->clip_scale = a.clip_grad_norm > 0.0f ? fminf(1.0f, a.clip_grad_norm / (norm + 1e-6f)) : 1.0f;
+    if (reason == 0) {
+      const int64_t k = ++s->adam_updates;
+      s->bias_correction1 = static_cast<float>(1.0 - pow(static_cast<double>(a.beta1), static_cast<double>(k)));
+      s->bias_correction2 = static_cast<float>(1.0 - pow(static_cast<double>(a.beta2), static_cast<double>(k)));
+    } else {
+      ++s->guard_trips[reason];
+    }
+    DeviceStats& st = s->stats;
+    st.step = s->t + 1;
+    st.loss = loss;
+    st.grad_norm = norm;
+    st.q_min = qmin;
+    st.q_max = qmax;
+    st.q_mean = qsum / (static_cast<float>(a.batch) * a.total_actions);
+    st.target_clip_fraction = clip / (static_cast<float>(a.batch) * a.num_branches);
+    st.guard = reason;
+    st.applied = s->apply;
+    sh_apply = s->apply;
   }
-  s->apply = reason == 0 ? 1 : 0;
-  s->clip_scale = a.clip_grad_norm > 0.0f ? fminf(1.0f, a.clip_grad_norm / (norm + 1e-6f)) : 1.0f;
-  if (reason == 0) {
-    const int64_t k = ++s->adam_updates;
-    s->bias_correction1 = static_cast<float>(1.0 - pow(static_cast<double>(a.beta1), static_cast<double>(k)));
-    s->bias_correction2 = static_cast<float>(1.0 - pow(static_cast<double>(a.beta2), static_cast<double>(k)));
-  } else {
-    ++s->guard_trips[reason];
+  __syncthreads();
+
+  // 11. Priority write-back.
+  const bool apply = sh_apply != 0;
+  float pmax = 0.0f;
+  if (apply) {
+    for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
+      const int32_t idx = sh_idx[b];
+      bool later = false;
+      for (int o = b + 1; o < a.batch && !later; ++o) later = sh_idx[o] == idx;
+      const float p = powf(a.ce[b] + a.priority_epsilon, a.alpha);
+      pmax = fmaxf(pmax, p);
+      if (!later) a.priorities[idx] = p;
+    }
   }
-  DeviceStats& st = s->stats;
-  st.step = s->t + 1;
-  st.loss = loss;
-  st.grad_norm = norm;
-  st.q_min = qmin;
-  st.q_max = qmax;
-  st.q_mean = qsum / (static_cast<float>(a.batch) * a.total_actions);
-  st.target_clip_fraction = clip / (static_cast<float>(a.batch) * a.num_branches);
-  st.guard = reason;
-  st.applied = s->apply;
+  pmax = BlockMax(pmax, scratch);
+  if (threadIdx.x == 0) {
+    if (apply) s->max_priority = fmaxf(s->max_priority, pmax);
+    s->t += 1;
+  }
 }
 
 __global__ void __launch_bounds__(kThreads) AdamTargetKernel(AdamArgs a) {
@@ -82,8 +107,8 @@ __global__ void __launch_bounds__(kThreads) AdamTargetKernel(AdamArgs a) {
   const float scale = s->clip_scale;
   const float bc1 = s->bias_correction1;
   const float bc2 = s->bias_correction2;
-  const int64_t t = s->t;
-  const bool copy = a.target_period > 0 && (t + 1) % a.target_period == 0;
+  const int64_t t_next = s->t;  // already advanced by the finalize kernel
+  const bool copy = a.target_period > 0 && t_next % a.target_period == 0;
   const bool ema = a.target_period <= 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < a.n; i += int64_t{gridDim.x} * blockDim.x) {
     float theta = a.params[i];
@@ -105,31 +130,6 @@ __global__ void __launch_bounds__(kThreads) AdamTargetKernel(AdamArgs a) {
   }
 }
 
-__global__ void __launch_bounds__(kFinalizeThreads) PriorityWriteBackKernel(PriorityWriteArgs a) {
-  extern __shared__ int32_t sh_idx[];
-  __shared__ float scratch[kFinalizeThreads / 32];
-  DeviceState* s = a.state;
-  const bool apply = s->apply != 0;
-  for (int b = threadIdx.x; b < a.batch; b += blockDim.x) sh_idx[b] = a.indices[b];
-  __syncthreads();
-  float pmax = 0.0f;
-  if (apply) {
-    for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
-      const int32_t idx = sh_idx[b];
-      bool later = false;
-      for (int o = b + 1; o < a.batch && !later; ++o) later = sh_idx[o] == idx;
-      const float p = powf(a.ce[b] + a.epsilon, a.alpha);
-      pmax = fmaxf(pmax, p);
-      if (!later) a.priorities[idx] = p;
-    }
-  }
-  pmax = BlockMax(pmax, scratch);
-  if (threadIdx.x == 0) {
-    if (apply) s->max_priority = fmaxf(s->max_priority, pmax);
-    s->t += 1;
-  }
-}
-
 int GridFor(int64_t n) {
   int64_t blocks = (n + kThreads - 1) / kThreads;
   if (blocks < 1) blocks = 1;
@@ -145,17 +145,12 @@ cudaError_t LaunchGradSumSquares(const float* grads, int64_t n, float* partials,
 }
 
 cudaError_t LaunchFinalize(const FinalizeArgs& a, cudaStream_t stream) {
-  FinalizeKernel<<<1, kFinalizeThreads, 0, stream>>>(a);
+  FinalizeKernel<<<1, kFinalizeThreads, sizeof(int32_t) * a.batch, stream>>>(a);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAdamTarget(const AdamArgs& a, cudaStream_t stream) {
   AdamTargetKernel<<<GridFor(a.n), kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchPriorityWriteBack(const PriorityWriteArgs& a, cudaStream_t stream) {
-  PriorityWriteBackKernel<<<1, kFinalizeThreads, sizeof(int32_t) * a.batch, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -36,14 +36,25 @@ struct FinalizeArgs {
   float clip_grad_norm = 0;  // <= 0 disables
   float beta1 = 0;
   float beta2 = 0;
+  // Priority write-back (step 11).
+  float* priorities = nullptr;       // replay capacity
+  const int32_t* indices = nullptr;  // B
+  float priority_epsilon = 0;
+  float alpha = 0;
   DeviceState* state = nullptr;
 };
 
-// Stage 2 + guard, one block: norm = sqrt(sum partials), loss = (1/B) sum w_b CE_b,
-// Q min/mean/max, clip fraction (fixed-order block trees). Guard, first match
-// wins: non-finite loss, non-finite norm, norm > max_grad_norm, Q non-finite or
-// |Q| > q_bound. Thread 0 alone writes state: apply flag, clip scale
-// min(1, clip / (norm + 1e-6)), Adam's k and bias corrections, stats, trips.
+// Stage 2 + guard + priority write-back, one block (they share the guard
+// decision, so one launch): norm = sqrt(sum partials), loss = (1/B) sum w_b
+// CE_b, Q min/mean/max, clip fraction (fixed-order block trees). Guard, first
+// match wins: non-finite loss, non-finite norm, norm > max_grad_norm, Q
+// non-finite or |Q| > q_bound. Thread 0 alone writes state: apply flag, clip
+// scale min(1, clip / (norm + 1e-6)), Adam's k and bias corrections, stats,
+// trips. Then, when the guard passed, p_b = (CE_b + eps)^alpha is written to
+// priorities[idx_b] by thread b unless a later b' has the same index (largest
+// b wins: one writer per slot), max_priority = max(max_priority, max_b p_b),
+// and thread 0 advances the step counter t (so the Adam pass after this
+// kernel sees t + 1).
 cudaError_t LaunchFinalize(const FinalizeArgs& args, cudaStream_t stream);
 
 struct AdamArgs {
@@ -65,23 +76,8 @@ struct AdamArgs {
 // One pass, thread i (grid-stride) owns element i: when the guard passed,
 // g = grads[i] * clip_scale; m, v, theta Adam update with the step's bias
 // corrections; then (tripped or not) the target: copy when period > 0 and
-// (t+1) % period == 0, EMA target += tau (theta - target) when period == 0.
+// (t+1) % period == 0 (state->t already holds t+1 here), EMA
+// target += tau (theta - target) when period == 0.
 cudaError_t LaunchAdamTarget(const AdamArgs& args, cudaStream_t stream);
-
-struct PriorityWriteArgs {
-  float* priorities = nullptr;       // capacity
-  const int32_t* indices = nullptr;  // B
-  const float* ce = nullptr;         // B
-  int batch = 0;
-  float epsilon = 0;
-  float alpha = 0;
-  DeviceState* state = nullptr;
-};
-
-// One block: when the guard passed, p_b = (CE_b + epsilon)^alpha is written to
-// priorities[idx_b] by thread b unless a later b' has the same index (largest
-// b wins, so one writer per slot); max_priority = max(max_priority, max_b p_b).
-// Thread 0 then advances the step counter t (last kernel of the step).
-cudaError_t LaunchPriorityWriteBack(const PriorityWriteArgs& args, cudaStream_t stream);
 
 }  // namespace qstream::kernels

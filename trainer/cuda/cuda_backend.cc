@@ -42,7 +42,8 @@ constexpr size_t kSharedBytesLimit = 48 * 1024;
 // Outputs of one network pass, row-major [rows][features], and the ReLU bit
 // masks of the hidden layers when the pass will be differentiated.
 struct Activations {
-  int rows = 0;
+  int rows = 0;     // per batch
+  int batches = 1;  // 2: [online; target] passes side by side (strided-batch GEMMs)
   std::vector<DeviceBuffer<float>> trunk;
   DeviceBuffer<float> value_hidden, value, adv_hidden, adv;
   std::vector<DeviceBuffer<char>> trunk_mask;
@@ -53,24 +54,25 @@ struct Activations {
     return {bits.get(), cuda::ReluMask::LeadingDim(features)};
   }
 
-  absl::Status Allocate(const NetworkSpec& spec, int n, bool with_masks) {
+  // Elements between the batches of a [rows][features] buffer.
+  int64_t stride(int features) const { return int64_t{rows} * features; }
+
+  absl::Status Allocate(const NetworkSpec& spec, int n, int num_batches) {
     rows = n;
+    batches = num_batches;
+    const size_t rb = size_t(n) * num_batches;
     trunk.resize(spec.trunk.size());
     trunk_mask.resize(spec.trunk.size());
     for (size_t k = 0; k < spec.trunk.size(); ++k) {
-      if (auto s = trunk[k].Allocate(size_t(n) * spec.trunk[k].out); !s.ok()) return s;
-      if (with_masks) {
-        if (auto s = trunk_mask[k].Allocate(cuda::ReluMask::Bytes(spec.trunk[k].out, n)); !s.ok()) return s;
-      }
+      if (auto s = trunk[k].Allocate(rb * spec.trunk[k].out); !s.ok()) return s;
+      if (auto s = trunk_mask[k].Allocate(cuda::ReluMask::Bytes(spec.trunk[k].out, n) * num_batches); !s.ok()) return s;
     }
-    if (with_masks) {
-      if (auto s = value_hidden_mask.Allocate(cuda::ReluMask::Bytes(spec.head_hidden, n)); !s.ok()) return s;
-      if (auto s = adv_hidden_mask.Allocate(cuda::ReluMask::Bytes(spec.head_hidden, n)); !s.ok()) return s;
-    }
-    if (auto s = value_hidden.Allocate(size_t(n) * spec.head_hidden); !s.ok()) return s;
-    if (auto s = value.Allocate(size_t(n) * spec.num_atoms); !s.ok()) return s;
-    if (auto s = adv_hidden.Allocate(size_t(n) * spec.head_hidden); !s.ok()) return s;
-    return adv.Allocate(size_t(n) * spec.adv_out.out);
+    if (auto s = value_hidden_mask.Allocate(cuda::ReluMask::Bytes(spec.head_hidden, n) * num_batches); !s.ok()) return s;
+    if (auto s = adv_hidden_mask.Allocate(cuda::ReluMask::Bytes(spec.head_hidden, n) * num_batches); !s.ok()) return s;
+    if (auto s = value_hidden.Allocate(rb * spec.head_hidden); !s.ok()) return s;
+    if (auto s = value.Allocate(rb * spec.num_atoms); !s.ok()) return s;
+    if (auto s = adv_hidden.Allocate(rb * spec.head_hidden); !s.ok()) return s;
+    return adv.Allocate(rb * spec.adv_out.out);
   }
 };
 
@@ -128,7 +130,11 @@ class CudaBackend final : public Backend {
   absl::Status CaptureStep();
   // The learner step, one line per stage of DESIGN.md; enqueued once into the graph.
   absl::Status EnqueueStep();
-  absl::Status EnqueueForward(const float* params, const float* x, Activations* acts);
+  // batches == 2: the online pass on `x` and the target pass on x + x_stride,
+  // as strided-batch GEMMs (the target parameters follow the online ones).
+  absl::Status EnqueueForward(const float* params, const float* x, int64_t x_stride, int batches, Activations* acts);
+  float* params() const { return net_params_.get(); }
+  float* target() const { return net_params_.get() + spec_.num_params; }
   absl::Status EnqueueBackward();
   absl::Status EnqueueStatsCopy() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HarvestStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -148,14 +154,15 @@ class CudaBackend final : public Backend {
   DeviceBuffer<kernels::DeviceState> state_;
   std::unique_ptr<cuda::DeviceReplay> replay_;
 
-  // One flat buffer each, layout of NetworkSpec.
-  DeviceBuffer<float> params_, grads_, adam_m_, adam_v_, target_;
+  // One flat buffer each, layout of NetworkSpec; online and target parameters
+  // share one allocation [online | target] so one strided GEMM serves both.
+  DeviceBuffer<float> net_params_, grads_, adam_m_, adam_v_;
 
-  // Sampled batch: x holds s in rows [0, B) and s' in rows [B, 2B).
+  // Sampled batch: x holds s in rows [0, B), s' in [B, 2B), zeros in [2B, 3B)
+  // (the target pass reads rows [B, 3B) and only its first B rows are used).
   DeviceBuffer<int32_t> indices_, actions_, q_bad_;
   DeviceBuffer<float> weights_, x_, rewards_, discounts_;
-  Activations online_;  // 2B rows
-  Activations target_acts_;  // B rows (s')
+  Activations acts_;  // 2 batches of 2B rows: online on [s; s'], target on [s'; 0]
   // Backward: gradients of the online s rows.
   DeviceBuffer<float> d_value_, d_adv_, d_value_hidden_, d_adv_hidden_;
   std::vector<DeviceBuffer<float>> d_trunk_;
@@ -169,6 +176,8 @@ class CudaBackend final : public Backend {
   // Bias/ReLU folded into cuBLASLt epilogues; false when cuBLASLt offers no
   // algorithm for them here, then small kernels do that work.
   bool fused_epilogues_ = true;
+  // Online and target forward as one strided-batch GEMM per layer.
+  bool batched_forward_ = true;
   cuda::Graph graph_;
   cuda::GraphExec exec_;
 
@@ -252,10 +261,11 @@ absl::Status CudaBackend::Init() {
   replay_ = *std::move(replay);
 
   const size_t n = spec_.num_params;
-  for (auto* buf : {&params_, &grads_, &adam_m_, &adam_v_, &target_}) QS_RETURN_IF_ERROR(buf->Allocate(n));
+  QS_RETURN_IF_ERROR(net_params_.Allocate(2 * n));
+  for (auto* buf : {&grads_, &adam_m_, &adam_v_}) QS_RETURN_IF_ERROR(buf->Allocate(n));
   const std::vector<float> init = InitParams(spec_, config_.seed());
-  QS_CUDA_CHECK(cudaMemcpy(params_.get(), init.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  QS_CUDA_CHECK(cudaMemcpy(target_.get(), init.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  QS_CUDA_CHECK(cudaMemcpy(params(), init.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  QS_CUDA_CHECK(cudaMemcpy(target(), init.data(), n * sizeof(float), cudaMemcpyHostToDevice));
 
   const int Z = spec_.num_atoms;
   const int NB = spec_.num_branches();
@@ -266,9 +276,8 @@ absl::Status CudaBackend::Init() {
   for (auto* buf : {&weights_, &rewards_, &discounts_, &ce_, &clip_mass_, &q_min_, &q_max_, &q_sum_}) {
     QS_RETURN_IF_ERROR(buf->Allocate(B));
   }
-  QS_RETURN_IF_ERROR(x_.Allocate(size_t(2 * B) * spec_.obs_dim));
-  QS_RETURN_IF_ERROR(online_.Allocate(spec_, 2 * B, /*with_masks=*/true));
-  QS_RETURN_IF_ERROR(target_acts_.Allocate(spec_, B, /*with_masks=*/false));
+  QS_RETURN_IF_ERROR(x_.Allocate(size_t(3 * B) * spec_.obs_dim));
+  QS_RETURN_IF_ERROR(acts_.Allocate(spec_, 2 * B, /*num_batches=*/2));
   QS_RETURN_IF_ERROR(d_value_.Allocate(size_t(B) * Z));
   QS_RETURN_IF_ERROR(d_adv_.Allocate(size_t(B) * AZ));
   QS_RETURN_IF_ERROR(d_value_hidden_.Allocate(size_t(B) * spec_.head_hidden));
@@ -298,11 +307,15 @@ absl::Status CudaBackend::Init() {
   // capture (on zero-filled buffers, so nothing observable changes), and
   // fall back to unfused epilogues if it has none for them.
   auto warm_up = [&]() -> absl::Status {
-    QS_RETURN_IF_ERROR(EnqueueForward(params_.get(), x_.get(), &online_));
-    QS_RETURN_IF_ERROR(EnqueueForward(target_.get(), x_.get() + size_t(B) * spec_.obs_dim, &target_acts_));
+    QS_RETURN_IF_ERROR(EnqueueForward(params(), x_.get(), int64_t{B} * spec_.obs_dim, 2, &acts_));
     return EnqueueBackward();
   };
   absl::Status warm = warm_up();
+  if (absl::IsUnimplemented(warm)) {
+    batched_forward_ = false;
+    device_name_ += " (unbatched forward)";
+    warm = warm_up();
+  }
   if (absl::IsUnimplemented(warm)) {
     fused_epilogues_ = false;
     device_name_ += " (unfused epilogues)";
@@ -366,18 +379,18 @@ absl::Status CudaBackend::EnqueueStep() {
   gather.discounts = discounts_.get();
   QS_CUDA_CHECK(kernels::LaunchGather(gather, s));
 
-  // 3. Online forward on [s; s'] (2B rows), target forward on s'.
-  QS_RETURN_IF_ERROR(EnqueueForward(params_.get(), x_.get(), &online_));
-  QS_RETURN_IF_ERROR(EnqueueForward(target_.get(), gather.next_obs, &target_acts_));
+  // 3. Online forward on [s; s'] (2B rows) and target forward on s', one
+  //    strided-batch GEMM per layer.
+  QS_RETURN_IF_ERROR(EnqueueForward(params(), x_.get(), int64_t{B} * spec_.obs_dim, 2, &acts_));
 
   // 4-7. Dueling softmax, double DQN, projection, CE, d logits, Q stats.
   kernels::C51LossArgs loss;
   loss.head = head_;
   loss.batch = B;
-  loss.online_v = online_.value.get();
-  loss.online_a = online_.adv.get();
-  loss.target_v = target_acts_.value.get();
-  loss.target_a = target_acts_.adv.get();
+  loss.online_v = acts_.value.get();
+  loss.online_a = acts_.adv.get();
+  loss.target_v = acts_.value.get() + acts_.stride(spec_.num_atoms);
+  loss.target_a = acts_.adv.get() + acts_.stride(spec_.adv_out.out);
   loss.actions = actions_.get();
   loss.rewards = rewards_.get();
   loss.discounts = discounts_.get();
@@ -395,7 +408,7 @@ absl::Status CudaBackend::EnqueueStep() {
   // 8. Backward through heads and trunk into the flat gradient buffer.
   QS_RETURN_IF_ERROR(EnqueueBackward());
 
-  // 9. Global grad norm, guard, statistics.
+  // 9. Global grad norm, guard, statistics (+ step 11, below).
   QS_CUDA_CHECK(kernels::LaunchGradSumSquares(grads_.get(), spec_.num_params, norm_partials_.get(), s));
   kernels::FinalizeArgs fin;
   fin.norm_partials = norm_partials_.get();
@@ -417,16 +430,21 @@ absl::Status CudaBackend::EnqueueStep() {
   fin.clip_grad_norm = opt.clip_grad_norm();
   fin.beta1 = opt.beta1();
   fin.beta2 = opt.beta2();
+  // 11. (same launch) New priorities (skipped on a trip), max priority, t += 1.
+  fin.priorities = replay.priorities;
+  fin.indices = indices_.get();
+  fin.priority_epsilon = rep.priority_epsilon();
+  fin.alpha = rep.alpha();
   fin.state = state_.get();
   QS_CUDA_CHECK(kernels::LaunchFinalize(fin, s));
 
   // 10. Clip + Adam (skipped on a trip) and the target update, one pass.
   kernels::AdamArgs adam;
-  adam.params = params_.get();
+  adam.params = params();
   adam.grads = grads_.get();
   adam.m = adam_m_.get();
   adam.v = adam_v_.get();
-  adam.target = target_.get();
+  adam.target = target();
   adam.n = spec_.num_params;
   adam.lr = opt.lr();
   adam.beta1 = opt.beta1();
@@ -437,42 +455,50 @@ absl::Status CudaBackend::EnqueueStep() {
   adam.state = state_.get();
   QS_CUDA_CHECK(kernels::LaunchAdamTarget(adam, s));
 
-  // 11. New priorities (skipped on a trip), max priority, t += 1.
-  kernels::PriorityWriteArgs prio;
-  prio.priorities = replay.priorities;
-  prio.indices = indices_.get();
-  prio.ce = ce_.get();
-  prio.batch = B;
-  prio.epsilon = rep.priority_epsilon();
-  prio.alpha = rep.alpha();
-  prio.state = state_.get();
-  QS_CUDA_CHECK(kernels::LaunchPriorityWriteBack(prio, s));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::EnqueueForward(const float* params, const float* x, Activations* acts) {
+absl::Status CudaBackend::EnqueueForward(const float* params, const float* x, int64_t x_stride, int batches,
+                                         Activations* acts) {
   cudaStream_t s = stream_.get();
   const int rows = acts->rows;
-  auto linear = [&](const LinearView& l, const float* in, float* out, bool relu,
+  const int64_t n = spec_.num_params;
+  auto linear = [&](const LinearView& l, const float* in, int64_t in_stride, float* out, bool relu,
                     const DeviceBuffer<char>& mask) -> absl::Status {
-    if (fused_epilogues_) {
-      return gemm_.Forward(in, params + l.w_offset, params + l.b_offset, rows, l.in, l.out, relu,
-                           Activations::Mask(mask, l.out), out);
+    const int64_t out_stride = acts->stride(l.out);
+    const cuda::ReluMask m = relu ? Activations::Mask(mask, l.out) : cuda::ReluMask{};
+    if (fused_epilogues_ && (batched_forward_ || batches == 1)) {
+      return gemm_.Forward(in, params + l.w_offset, params + l.b_offset, rows, l.in, l.out, relu, m, out,
+                           cuda::GemmBatch{batches, in_stride, n, out_stride});
     }
-    QS_RETURN_IF_ERROR(gemm_.Forward(in, params + l.w_offset, nullptr, rows, l.in, l.out, false, {}, out));
-    QS_CUDA_CHECK(kernels::LaunchBiasActivation({out, rows, l.out}, params + l.b_offset, relu, s));
+    for (int b = 0; b < batches; ++b) {
+      const float* pb = params + b * n;
+      const float* ib = in + b * in_stride;
+      float* ob = out + b * out_stride;
+      if (fused_epilogues_) {
+        cuda::ReluMask mb = m;
+        if (mb.bits != nullptr) mb.bits = static_cast<char*>(mb.bits) + b * (mb.ld / 8) * rows;
+        QS_RETURN_IF_ERROR(gemm_.Forward(ib, pb + l.w_offset, pb + l.b_offset, rows, l.in, l.out, relu, mb, ob));
+      } else {
+        QS_RETURN_IF_ERROR(gemm_.Forward(ib, pb + l.w_offset, nullptr, rows, l.in, l.out, false, {}, ob));
+        QS_CUDA_CHECK(kernels::LaunchBiasActivation({ob, rows, l.out}, pb + l.b_offset, relu, s));
+      }
+    }
     return absl::OkStatus();
   };
   const DeviceBuffer<char> none;
   const float* in = x;
+  int64_t in_stride = x_stride;
   for (size_t k = 0; k < spec_.trunk.size(); ++k) {
-    QS_RETURN_IF_ERROR(linear(spec_.trunk[k], in, acts->trunk[k].get(), true, acts->trunk_mask[k]));
+    QS_RETURN_IF_ERROR(linear(spec_.trunk[k], in, in_stride, acts->trunk[k].get(), true, acts->trunk_mask[k]));
     in = acts->trunk[k].get();
+    in_stride = acts->stride(spec_.trunk[k].out);
   }
-  QS_RETURN_IF_ERROR(linear(spec_.value_hidden, in, acts->value_hidden.get(), true, acts->value_hidden_mask));
-  QS_RETURN_IF_ERROR(linear(spec_.value_out, acts->value_hidden.get(), acts->value.get(), false, none));
-  QS_RETURN_IF_ERROR(linear(spec_.adv_hidden, in, acts->adv_hidden.get(), true, acts->adv_hidden_mask));
-  return linear(spec_.adv_out, acts->adv_hidden.get(), acts->adv.get(), false, none);
+  const int64_t head_stride = acts->stride(spec_.head_hidden);
+  QS_RETURN_IF_ERROR(linear(spec_.value_hidden, in, in_stride, acts->value_hidden.get(), true, acts->value_hidden_mask));
+  QS_RETURN_IF_ERROR(linear(spec_.value_out, acts->value_hidden.get(), head_stride, acts->value.get(), false, none));
+  QS_RETURN_IF_ERROR(linear(spec_.adv_hidden, in, in_stride, acts->adv_hidden.get(), true, acts->adv_hidden_mask));
+  return linear(spec_.adv_out, acts->adv_hidden.get(), head_stride, acts->adv.get(), false, none);
 }
 
 // Gradients of the online s rows (the first B rows of every activation and
@@ -484,9 +510,9 @@ absl::Status CudaBackend::EnqueueBackward() {
   const int B = B_;
   const bool fused = fused_epilogues_;
   float* g = grads_.get();
-  const float* p = params_.get();
+  const float* p = params();
   const int k_last = static_cast<int>(spec_.trunk.size()) - 1;
-  const float* trunk_out = online_.trunk[k_last].get();
+  const float* trunk_out = acts_.trunk[k_last].get();
   auto head = [&](const LinearView& out_layer, const LinearView& hidden_layer, float* d_out, float* d_hidden,
                   const float* hidden_act, const DeviceBuffer<char>& hidden_mask) -> absl::Status {
     if (fused) {
@@ -508,10 +534,10 @@ absl::Status CudaBackend::EnqueueBackward() {
     return gemm_.BackwardWeight(d_hidden, trunk_out, B, hidden_layer.in, hidden_layer.out, nullptr,
                                 g + hidden_layer.w_offset);
   };
-  QS_RETURN_IF_ERROR(head(spec_.adv_out, spec_.adv_hidden, d_adv_.get(), d_adv_hidden_.get(), online_.adv_hidden.get(),
-                          online_.adv_hidden_mask));
+  QS_RETURN_IF_ERROR(head(spec_.adv_out, spec_.adv_hidden, d_adv_.get(), d_adv_hidden_.get(), acts_.adv_hidden.get(),
+                          acts_.adv_hidden_mask));
   QS_RETURN_IF_ERROR(head(spec_.value_out, spec_.value_hidden, d_value_.get(), d_value_hidden_.get(),
-                          online_.value_hidden.get(), online_.value_hidden_mask));
+                          acts_.value_hidden.get(), acts_.value_hidden_mask));
   // d trunk_out = dAH W_ah + dVH W_vh, then its mask and bias gradient.
   float* d_top = d_trunk_[k_last].get();
   const LinearView& ah = spec_.adv_hidden;
@@ -523,18 +549,18 @@ absl::Status CudaBackend::EnqueueBackward() {
   for (int k = k_last; k >= 0; --k) {
     const LinearView& l = spec_.trunk[k];
     float* dy = d_trunk_[k].get();
-    const float* x = k > 0 ? online_.trunk[k - 1].get() : x_.get();
+    const float* x = k > 0 ? acts_.trunk[k - 1].get() : x_.get();
     QS_RETURN_IF_ERROR(gemm_.BackwardWeight(dy, x, B, l.in, l.out, nullptr, g + l.w_offset));
     if (k == 0) break;
     const LinearView& below = spec_.trunk[k - 1];
     float* d_below = d_trunk_[k - 1].get();
     if (fused) {
       QS_RETURN_IF_ERROR(gemm_.BackwardData(dy, p + l.w_offset, B, l.in, l.out, 0.0f,
-                                            Activations::Mask(online_.trunk_mask[k - 1], below.out),
+                                            Activations::Mask(acts_.trunk_mask[k - 1], below.out),
                                             g + below.b_offset, d_below));
     } else {
       QS_RETURN_IF_ERROR(gemm_.BackwardData(dy, p + l.w_offset, B, l.in, l.out, 0.0f, {}, nullptr, d_below));
-      QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_below, B, below.out}, online_.trunk[k - 1].get(),
+      QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_below, B, below.out}, acts_.trunk[k - 1].get(),
                                                               g + below.b_offset, s));
     }
   }
@@ -635,7 +661,7 @@ void CudaBackend::HarvestStats() {
 std::vector<float> CudaBackend::GetParams() {
   absl::MutexLock lock(&mu_);
   std::vector<float> out(spec_.num_params);
-  if (cudaMemcpyAsync(out.data(), params_.get(), out.size() * sizeof(float), cudaMemcpyDeviceToHost,
+  if (cudaMemcpyAsync(out.data(), params(), out.size() * sizeof(float), cudaMemcpyDeviceToHost,
                       stream_.get()) != cudaSuccess ||
       cudaStreamSynchronize(stream_.get()) != cudaSuccess) {
     if (error_.ok()) error_ = absl::InternalError("cuda backend: reading parameters failed");
@@ -643,15 +669,15 @@ std::vector<float> CudaBackend::GetParams() {
   return out;
 }
 
-absl::Status CudaBackend::SetParams(const std::vector<float>& params) {
-  if (static_cast<int64_t>(params.size()) != spec_.num_params) {
-    return absl::InvalidArgumentError(absl::StrCat("params: ", params.size(), " values, network has ", spec_.num_params));
+absl::Status CudaBackend::SetParams(const std::vector<float>& values) {
+  if (static_cast<int64_t>(values.size()) != spec_.num_params) {
+    return absl::InvalidArgumentError(absl::StrCat("params: ", values.size(), " values, network has ", spec_.num_params));
   }
   absl::MutexLock lock(&mu_);
   // Online and target both (a restore starts from equal networks); Adam moments kept.
-  const size_t bytes = params.size() * sizeof(float);
-  QS_CUDA_CHECK(cudaMemcpyAsync(params_.get(), params.data(), bytes, cudaMemcpyHostToDevice, stream_.get()));
-  QS_CUDA_CHECK(cudaMemcpyAsync(target_.get(), params.data(), bytes, cudaMemcpyHostToDevice, stream_.get()));
+  const size_t bytes = values.size() * sizeof(float);
+  QS_CUDA_CHECK(cudaMemcpyAsync(params(), values.data(), bytes, cudaMemcpyHostToDevice, stream_.get()));
+  QS_CUDA_CHECK(cudaMemcpyAsync(target(), values.data(), bytes, cudaMemcpyHostToDevice, stream_.get()));
   QS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   return absl::OkStatus();
 }
@@ -662,14 +688,14 @@ absl::Status CudaBackend::ComputeQ(const float* obs, int64_t n, std::vector<floa
   q->resize(static_cast<size_t>(n) * ta);
   absl::MutexLock lock(&mu_);
   // Runs in the step's own buffers, ordered on the same stream.
-  const int64_t chunk = online_.rows;
-  Activations& acts = online_;
+  const int64_t chunk = acts_.rows;
+  Activations& acts = acts_;
   for (int64_t first = 0; first < n; first += chunk) {
     const int rows = static_cast<int>(std::min(chunk, n - first));
     QS_CUDA_CHECK(cudaMemcpyAsync(x_.get(), obs + first * spec_.obs_dim, sizeof(float) * rows * spec_.obs_dim,
                                   cudaMemcpyHostToDevice, stream_.get()));
     acts.rows = rows;
-    const absl::Status fwd = EnqueueForward(params_.get(), x_.get(), &acts);
+    const absl::Status fwd = EnqueueForward(params(), x_.get(), 0, 1, &acts);
     acts.rows = static_cast<int>(chunk);
     QS_RETURN_IF_ERROR(fwd);
     QS_CUDA_CHECK(kernels::LaunchQValues(head_, acts.value.get(), acts.adv.get(), rows, q_values_.get(), stream_.get()));

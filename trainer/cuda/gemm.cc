@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "trainer/cuda/cuda_status.h"
@@ -49,7 +50,7 @@ absl::Status Gemm::Init(cudaStream_t stream, bool allow_tf32) {
 
 absl::Status Gemm::Matmul(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, const float* a,
                           int lda, const float* b, int ldb, float beta, float* d, int ldd, cublasLtEpilogue_t epilogue,
-                          const void* bias, const ReluMask& mask) const {
+                          const void* bias, const ReluMask& mask, const Strides& batch) const {
   Descs s;
   QS_CUDA_CHECK(cublasLtMatmulDescCreate(&s.op, compute_, CUDA_R_32F));
   QS_CUDA_CHECK(cublasLtMatmulDescSetAttribute(s.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
@@ -68,6 +69,23 @@ absl::Status Gemm::Matmul(cublasOperation_t op_a, cublasOperation_t op_b, int m,
   QS_CUDA_CHECK(cublasLtMatrixLayoutCreate(&s.b, CUDA_R_32F, op_b == CUBLAS_OP_N ? k : n,
                                            op_b == CUBLAS_OP_N ? n : k, ldb));
   QS_CUDA_CHECK(cublasLtMatrixLayoutCreate(&s.d, CUDA_R_32F, m, n, ldd));
+  if (batch.count > 1) {
+    const int32_t count = batch.count;
+    for (auto [layout, stride] : {std::pair{s.a, batch.a}, std::pair{s.b, batch.b}, std::pair{s.d, batch.d}}) {
+      QS_CUDA_CHECK(
+          cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      QS_CUDA_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                     sizeof(stride)));
+    }
+    if (bias != nullptr) {
+      QS_CUDA_CHECK(cublasLtMatmulDescSetAttribute(s.op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &batch.bias,
+                                                   sizeof(batch.bias)));
+    }
+    if (mask.bits != nullptr) {
+      QS_CUDA_CHECK(cublasLtMatmulDescSetAttribute(s.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &batch.aux,
+                                                   sizeof(batch.aux)));
+    }
+  }
   QS_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&s.pref));
   const size_t ws = workspace_.bytes();
   QS_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(s.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
@@ -96,7 +114,7 @@ absl::Status Gemm::Matmul(cublasOperation_t op_a, cublasOperation_t op_b, int m,
 }
 
 absl::Status Gemm::Forward(const float* x, const float* w, const float* b, int rows, int in, int out, bool relu,
-                           ReluMask mask, float* y) const {
+                           ReluMask mask, float* y, GemmBatch batch) const {
   // Col-major: Y^T (out x rows) = W (stored in x out, so op T) * X^T (in x rows); bias along `out`.
   // Without a bias the caller applies bias and activation itself.
   const bool fused = b != nullptr;
@@ -104,8 +122,15 @@ absl::Status Gemm::Forward(const float* x, const float* w, const float* b, int r
   const cublasLtEpilogue_t epi = !fused ? CUBLASLT_EPILOGUE_DEFAULT
                                  : !relu ? CUBLASLT_EPILOGUE_BIAS
                                  : (aux ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_RELU_BIAS);
+  Strides strides;
+  strides.count = batch.count;
+  strides.a = batch.stride_w;
+  strides.b = batch.stride_x;
+  strides.d = batch.stride_y;
+  strides.bias = batch.stride_w;
+  strides.aux = mask.ld * rows;
   return Matmul(CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, x, in, 0.0f, y, out, epi, b,
-                aux ? mask : ReluMask{});
+                aux ? mask : ReluMask{}, strides);
 }
 
 absl::Status Gemm::BackwardData(const float* dy, const float* w, int rows, int in, int out, float beta,
@@ -114,14 +139,15 @@ absl::Status Gemm::BackwardData(const float* dy, const float* w, int rows, int i
   const bool fused = mask.bits != nullptr;
   return Matmul(CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w, in, dy, out, beta, dx, in,
                 fused ? CUBLASLT_EPILOGUE_DRELU_BGRAD : CUBLASLT_EPILOGUE_DEFAULT, fused ? bias_grad : nullptr,
-                mask);
+                mask, Strides{});
 }
 
 absl::Status Gemm::BackwardWeight(const float* dy, const float* x, int rows, int in, int out, float* bias_grad,
                                   float* dw) const {
   // Col-major: dW^T (in x out) = X^T (in x rows) * dY (rows x out); BGRADB sums op(B) over rows.
   return Matmul(CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, x, in, dy, out, 0.0f, dw, in,
-                bias_grad != nullptr ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT, bias_grad, ReluMask{});
+                bias_grad != nullptr ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT, bias_grad, ReluMask{},
+                Strides{});
 }
 
 }  // namespace qstream::cuda

@@ -31,6 +31,15 @@ struct ReluMask {
   static size_t Bytes(int features, int rows) { return static_cast<size_t>(LeadingDim(features)) / 8 * rows; }
 };
 
+// Strided batch of Forward calls: batch b uses x + b stride_x, w (and the
+// bias) + b stride_w, y + b stride_y, the mask + b (mask.ld * rows) bits.
+struct GemmBatch {
+  int count = 1;
+  int64_t stride_x = 0;  // elements
+  int64_t stride_w = 0;
+  int64_t stride_y = 0;
+};
+
 class Gemm {
  public:
   Gemm() = default;
@@ -44,7 +53,7 @@ class Gemm {
   // b == nullptr: plain y = x W^T (bias and ReLU left to the caller).
   // Unimplemented when cuBLASLt has no algorithm for a fused epilogue.
   absl::Status Forward(const float* x, const float* w, const float* b, int rows, int in, int out, bool relu,
-                       ReluMask mask, float* y) const;
+                       ReluMask mask, float* y, GemmBatch batch = {}) const;
   // dx = dy W + beta dx; with mask.bits: dx *= relu'(mask) and bias_grad = sum_rows dx.
   absl::Status BackwardData(const float* dy, const float* w, int rows, int in, int out, float beta, ReluMask mask,
                             float* bias_grad, float* dx) const;
@@ -53,9 +62,14 @@ class Gemm {
                               float* dw) const;
 
  private:
+  // batch strides: a, b, d, bias in elements; the mask's in bits.
+  struct Strides {
+    int count = 1;
+    int64_t a = 0, b = 0, d = 0, bias = 0, aux = 0;
+  };
   absl::Status Matmul(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, const float* a, int lda,
                       const float* b, int ldb, float beta, float* d, int ldd, cublasLtEpilogue_t epilogue,
-                      const void* bias, const ReluMask& mask) const;
+                      const void* bias, const ReluMask& mask, const Strides& batch) const;
 
   cublasLtHandle_t handle_ = nullptr;
   cudaStream_t stream_ = nullptr;
