@@ -69,6 +69,8 @@ void Daemon::Shutdown(absl::Duration deadline) {
     return;
   }
   server_->GetHealthCheckService()->Shutdown();
+  experience_->BeginShutdown();
+  policy_->BeginShutdown();
   // Streams drain while the learner still runs and acks their batches. If a
   // stream's batch is held back (learner paused or throttled), Stop() below
   // inserts it, which lets the server's shutdown complete.

@@ -36,9 +36,10 @@ class Daemon {
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
   ~Daemon();  // Shutdown(0) when not shut down yet
 
-  // NOT_SERVING, then stops accepting calls and lets open streams finish
-  // until `deadline` has passed (then cancels them), stops the learner
-  // (pending batches are inserted), and stops the metrics. Idempotent.
+  // NOT_SERVING; every actor stream ends once its batch in flight is acked
+  // (idle ones and policy watchers at once); calls still open after
+  // `deadline` are cancelled; then the learner stops (pending batches are
+  // inserted) and the metrics stop after a last poll and push. Idempotent.
   void Shutdown(absl::Duration deadline);
 
   int grpc_port() const { return grpc_port_; }

@@ -24,17 +24,29 @@ class RejectReactor final : public grpc::ServerBidiReactor<v1::TransitionBatch, 
 
 class ExperienceService::StreamReactor final : public grpc::ServerBidiReactor<v1::TransitionBatch, v1::Ack> {
  public:
-  explicit StreamReactor(ExperienceService* service)
+  StreamReactor(ExperienceService* service, grpc::CallbackServerContext* context)
       : service_(service),
+        context_(context),
         assembler_(service->spec_, service->config_.returns().n_step(), service->config_.returns().gamma(),
                    service->config_.server().max_batch_transitions()) {
     StartRead(&batch_);
+  }
+
+  // Called by BeginShutdown with the service's registry locked.
+  void Drain() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+    if (!busy_) context_->TryCancel();
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the actor closed its side (or the call was cancelled)
       Finish(grpc::Status::OK);
       return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      busy_ = true;
     }
     ack_.Clear();
     ack_.set_sequence(batch_.sequence());
@@ -77,10 +89,21 @@ class ExperienceService::StreamReactor final : public grpc::ServerBidiReactor<v1
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "ack could not be written"));
       return;
     }
+    bool draining;
+    {
+      absl::MutexLock lock(&mu_);
+      busy_ = false;
+      draining = draining_;
+    }
+    if (draining) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "qstreamd is shutting down"));
+      return;
+    }
     StartRead(&batch_);
   }
 
   void OnDone() override {
+    service_->Unregister(this);
     service_->counters_->CloseStream();
     delete this;
   }
@@ -125,6 +148,10 @@ class ExperienceService::StreamReactor final : public grpc::ServerBidiReactor<v1
   }
 
   ExperienceService* const service_;
+  grpc::CallbackServerContext* const context_;
+  absl::Mutex mu_;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // from a read's completion until its ack is written
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   NStepAssembler assembler_;
   std::optional<uint64_t> last_sequence_;
   v1::TransitionBatch batch_;
@@ -143,13 +170,30 @@ ExperienceService::ExperienceService(Learner* learner, NetworkSpec spec, IngestC
 ExperienceService::~ExperienceService() { learner_->RemovePolicyListener(listener_id_); }
 
 grpc::ServerBidiReactor<v1::TransitionBatch, v1::Ack>* ExperienceService::Stream(
-    grpc::CallbackServerContext* /*context*/) {
+    grpc::CallbackServerContext* context) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) {
+    return new RejectReactor(grpc::Status(grpc::StatusCode::UNAVAILABLE, "qstreamd is shutting down"));
+  }
   if (!counters_->TryOpenStream(config_.server().max_streams())) {
     return new RejectReactor(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                           absl::StrCat("server.max_streams = ", config_.server().max_streams(),
                                                        " actor streams already open")));
   }
-  return new StreamReactor(this);
+  auto* reactor = new StreamReactor(this, context);
+  streams_.insert(reactor);
+  return reactor;
+}
+
+void ExperienceService::BeginShutdown() {
+  absl::MutexLock lock(&mu_);
+  shutting_down_ = true;
+  for (StreamReactor* stream : streams_) stream->Drain();
+}
+
+void ExperienceService::Unregister(StreamReactor* stream) {
+  absl::MutexLock lock(&mu_);
+  streams_.erase(stream);
 }
 
 bool ExperienceService::IsNewSequence(const std::string& stream_id, uint64_t sequence) const {

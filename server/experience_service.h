@@ -13,6 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "qstream/v1/experience.grpc.pb.h"
 #include "server/ingest_counters.h"
@@ -29,6 +30,11 @@ class ExperienceService final : public v1::ExperienceService::CallbackService {
 
   grpc::ServerBidiReactor<v1::TransitionBatch, v1::Ack>* Stream(grpc::CallbackServerContext* context) override;
 
+  // Ends every stream as soon as it holds no batch: a stream waiting for its
+  // next batch is cancelled now, one whose batch is in the learner gets its
+  // ack and then ends with UNAVAILABLE. New streams are refused.
+  void BeginShutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   class StreamReactor;
   friend class StreamReactor;
@@ -37,6 +43,7 @@ class ExperienceService final : public v1::ExperienceService::CallbackService {
   // stream_id: the highest sequence admitted per stream_id.
   bool IsNewSequence(const std::string& stream_id, uint64_t sequence) const ABSL_LOCKS_EXCLUDED(mu_);
   void CommitSequence(const std::string& stream_id, uint64_t sequence) ABSL_LOCKS_EXCLUDED(mu_);
+  void Unregister(StreamReactor* stream) ABSL_LOCKS_EXCLUDED(mu_);
 
   Learner* const learner_;
   const NetworkSpec spec_;
@@ -50,6 +57,8 @@ class ExperienceService final : public v1::ExperienceService::CallbackService {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, uint64_t> last_sequence_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<StreamReactor*> streams_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace qstream

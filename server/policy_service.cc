@@ -20,8 +20,9 @@ void SnapshotToProto(const PolicySnapshot& snapshot, v1::Policy* policy) {
 // flight; a burst of versions during a slow write collapses to the newest.
 class PolicyService::WatchReactor final : public grpc::ServerWriteReactor<v1::Policy> {
  public:
-  WatchReactor(Learner* learner, int64_t after_version)
-      : learner_(learner), link_(std::make_shared<Link>()), last_queued_(after_version) {
+  WatchReactor(PolicyService* service, int64_t after_version)
+      : service_(service), learner_(service->learner_), link_(std::make_shared<Link>()),
+        last_queued_(after_version) {
     link_->reactor = this;
     // The listener holds the link, never the reactor: after OnDone detaches
     // it, a snapshot published concurrently finds no reactor to write to.
@@ -48,6 +49,7 @@ class PolicyService::WatchReactor final : public grpc::ServerWriteReactor<v1::Po
   void OnCancel() override { FinishOnce(grpc::Status::CANCELLED); }
 
   void OnDone() override {
+    service_->Unregister(this);
     link_->Detach();
     learner_->RemovePolicyListener(listener_id_);
     delete this;
@@ -96,6 +98,7 @@ class PolicyService::WatchReactor final : public grpc::ServerWriteReactor<v1::Po
     Finish(std::move(status));
   }
 
+  PolicyService* const service_;
   Learner* const learner_;
   const std::shared_ptr<Link> link_;
   int64_t listener_id_ = 0;
@@ -122,9 +125,34 @@ grpc::ServerUnaryReactor* PolicyService::GetPolicy(grpc::CallbackServerContext* 
   return reactor;
 }
 
-grpc::ServerWriteReactor<v1::Policy>* PolicyService::WatchPolicy(grpc::CallbackServerContext* /*context*/,
+namespace {
+
+class RefuseWatch final : public grpc::ServerWriteReactor<v1::Policy> {
+ public:
+  RefuseWatch() { Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "qstreamd is shutting down")); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::Policy>* PolicyService::WatchPolicy(grpc::CallbackServerContext* context,
                                                                  const v1::WatchPolicyRequest* request) {
-  return new WatchReactor(learner_, request->after_version());
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return new RefuseWatch();
+  auto* watcher = new WatchReactor(this, request->after_version());
+  watchers_.emplace(watcher, context);
+  return watcher;
+}
+
+void PolicyService::BeginShutdown() {
+  absl::MutexLock lock(&mu_);
+  shutting_down_ = true;
+  for (const auto& [watcher, context] : watchers_) context->TryCancel();
+}
+
+void PolicyService::Unregister(WatchReactor* watcher) {
+  absl::MutexLock lock(&mu_);
+  watchers_.erase(watcher);
 }
 
 grpc::ServerUnaryReactor* PolicyService::Evaluate(grpc::CallbackServerContext* context,

@@ -6,6 +6,9 @@
 
 #include <memory>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "qstream/v1/config.pb.h"
 #include "qstream/v1/policy.grpc.pb.h"
 #include "trainer/learner.h"
@@ -27,10 +30,18 @@ class PolicyService final : public v1::PolicyService::CallbackService {
   grpc::ServerUnaryReactor* Evaluate(grpc::CallbackServerContext* context, const v1::EvaluateRequest* request,
                                      v1::EvaluateResponse* response) override;
 
+  // Cancels every open WatchPolicy stream and refuses new ones.
+  void BeginShutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   class WatchReactor;
+  void Unregister(WatchReactor* watcher) ABSL_LOCKS_EXCLUDED(mu_);
+
   Learner* const learner_;
   const v1::TrainerConfig config_;
+  absl::Mutex mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<WatchReactor*, grpc::CallbackServerContext*> watchers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace qstream

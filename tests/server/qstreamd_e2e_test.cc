@@ -509,8 +509,10 @@ TEST(QstreamdE2E, SigtermWhileStreamsAreOpenExitsZeroAndKeepsAckedData) {
   auto watch = policy->WatchPolicy(&watch_context, v1::WatchPolicyRequest());
   a.WaitForAcks(20);
   b.WaitForAcks(20);
+  const absl::Time signalled = absl::Now();
   d.process->Signal(SIGTERM);
   const auto code = d.process->Wait(absl::Seconds(30));
+  std::printf("qstreamd exited %.3f s after SIGTERM\n", absl::ToDoubleSeconds(absl::Now() - signalled));
   ASSERT_TRUE(code.has_value()) << "qstreamd did not exit; output:\n" << d.process->output();
   EXPECT_EQ(*code, 0) << d.process->output();
   a.Stop();
