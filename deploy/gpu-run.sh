@@ -3,7 +3,8 @@
 # deploy/gpu-stage.sh: GPU tests, compute-sanitizer (memcheck + racecheck) on
 # a few steps, qstream-bench learner on the h200 and small configs and the
 # PyTorch peer in the same invocation. Logs go to $OUT (at most 8 files).
-# Usage: stage/gpu-run.sh [STAGE_DIR]   (env SKIP_TESTS=1, SKIP_SANITIZER=1, SKIP_PEER=1, PROFILE=1)
+# Usage: stage/gpu-run.sh [STAGE_DIR]   (env SKIP_TESTS=1, SKIP_SANITIZER=1, SKIP_PEER=1, PROFILE=1,
+#   DEMO=1 [DEMO_SECONDS=60]: qstreamd --backend=cuda + CartPole actors via deploy/demo.sh)
 set -uo pipefail
 stage="$(cd "${1:-$(dirname "$0")}" && pwd)"
 out="${OUT:-/tmp/qstream-out}"
@@ -43,9 +44,17 @@ if [[ "${SKIP_PEER:-0}" != 1 ]]; then
   ( cd "$stage/peers" && export PYTHONUNBUFFERED=1 &&
     timeout 240 python3 torch_c51.py eager,graph,compile 256,1024 &&
     QS_PEER_CONFIG=small timeout 180 python3 torch_c51.py eager,graph,compile 64,256 ) \
-    > "$out/peer.jsonl" 2> "$out/peer.log"
+    > "$out/peer.jsonl" 2>> "$out/bench.log"
   echo "peer rc=$?" >> "$summary"
   cat "$out/peer.jsonl" >> "$summary"
+fi
+
+if [[ "${DEMO:-0}" == 1 && -x "$bin/qstreamd" && -x "$bin/qstream-actor" ]]; then
+  # qstreamd --backend=cuda with local CartPole actors, capped in time.
+  QSTREAM_BACKEND=cuda QSTREAM_DEMO_TIME_CAP_S="${DEMO_SECONDS:-60}" \
+    timeout $(( ${DEMO_SECONDS:-60} + 60 )) bash "$stage/../deploy/demo.sh" "$bin" > "$out/demo.log" 2>&1
+  echo "== demo rc=$? (1 = time cap reached before the return target)" >> "$summary"
+  grep -E "^qstreamd|^demo:" "$out/demo.log" | tail -n 8 >> "$summary"
 fi
 
 if [[ "${PROFILE:-0}" == 1 ]]; then

@@ -36,6 +36,9 @@ constexpr double kSupportBoundSlack = 1e-4;
 constexpr int kStatsSlots = 4;
 // Step-time windows (event pairs) that may wait for DrainStepTimes.
 constexpr int kTimingWindows = 512;
+// The target parameters start this many floats (256 bytes) aligned after
+// the online ones, so both batches of a strided GEMM are equally aligned.
+constexpr int64_t kParamAlignFloats = 64;
 // Default shared memory a block may use without opting in.
 constexpr size_t kSharedBytesLimit = 48 * 1024;
 
@@ -134,7 +137,7 @@ class CudaBackend final : public Backend {
   // as strided-batch GEMMs (the target parameters follow the online ones).
   absl::Status EnqueueForward(const float* params, const float* x, int64_t x_stride, int batches, Activations* acts);
   float* params() const { return net_params_.get(); }
-  float* target() const { return net_params_.get() + spec_.num_params; }
+  float* target() const { return net_params_.get() + target_offset_; }
   absl::Status EnqueueBackward();
   absl::Status EnqueueStatsCopy() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HarvestStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -157,6 +160,7 @@ class CudaBackend final : public Backend {
   // One flat buffer each, layout of NetworkSpec; online and target parameters
   // share one allocation [online | target] so one strided GEMM serves both.
   DeviceBuffer<float> net_params_, grads_, adam_m_, adam_v_;
+  int64_t target_offset_ = 0;  // num_params rounded up to 256 bytes
 
   // Sampled batch: x holds s in rows [0, B), s' in [B, 2B), zeros in [2B, 3B)
   // (the target pass reads rows [B, 3B) and only its first B rows are used).
@@ -261,7 +265,8 @@ absl::Status CudaBackend::Init() {
   replay_ = *std::move(replay);
 
   const size_t n = spec_.num_params;
-  QS_RETURN_IF_ERROR(net_params_.Allocate(2 * n));
+  target_offset_ = (spec_.num_params + kParamAlignFloats - 1) / kParamAlignFloats * kParamAlignFloats;
+  QS_RETURN_IF_ERROR(net_params_.Allocate(2 * target_offset_));
   for (auto* buf : {&grads_, &adam_m_, &adam_v_}) QS_RETURN_IF_ERROR(buf->Allocate(n));
   const std::vector<float> init = InitParams(spec_, config_.seed());
   QS_CUDA_CHECK(cudaMemcpy(params(), init.data(), n * sizeof(float), cudaMemcpyHostToDevice));
@@ -462,7 +467,7 @@ absl::Status CudaBackend::EnqueueForward(const float* params, const float* x, in
                                          Activations* acts) {
   cudaStream_t s = stream_.get();
   const int rows = acts->rows;
-  const int64_t n = spec_.num_params;
+  const int64_t n = target_offset_;  // batch stride of weights and biases
   auto linear = [&](const LinearView& l, const float* in, int64_t in_stride, float* out, bool relu,
                     const DeviceBuffer<char>& mask) -> absl::Status {
     const int64_t out_stride = acts->stride(l.out);

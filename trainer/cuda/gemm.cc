@@ -1,5 +1,6 @@
 #include "trainer/cuda/gemm.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -89,7 +90,11 @@ absl::Status Gemm::Matmul(cublasOperation_t op_a, cublasOperation_t op_b, int m,
   QS_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&s.pref));
   const size_t ws = workspace_.bytes();
   QS_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(s.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  const uint32_t align_a = Alignment(a), align_b = Alignment(b), align_d = Alignment(d);
+  // Every batch's pointer must meet the alignment the algorithm assumes.
+  const bool batched = batch.count > 1;
+  const uint32_t align_a = std::min(Alignment(a), batched ? Alignment(a + batch.a) : kMaxAlignment);
+  const uint32_t align_b = std::min(Alignment(b), batched ? Alignment(b + batch.b) : kMaxAlignment);
+  const uint32_t align_d = std::min(Alignment(d), batched ? Alignment(d + batch.d) : kMaxAlignment);
   QS_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(s.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
                                                      sizeof(align_a)));
   QS_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(s.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
