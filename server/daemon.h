@@ -51,6 +51,7 @@ class Daemon {
   std::string StartupLine() const;
 
   Learner* learner() { return learner_.get(); }
+  const Metrics& metrics() const { return *metrics_; }
   const IngestCounters& counters() const { return counters_; }
 
  private:
