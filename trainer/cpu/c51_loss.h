@@ -59,14 +59,16 @@ T SoftmaxCrossEntropy(const T* logits, const T* m, int atoms, T scale, T* d_logi
   T sum_exp = 0;
   T mass = 0;
   for (int z = 0; z < atoms; ++z) {
-    sum_exp += std::exp(logits[z] - max);
+    const T e = std::exp(logits[z] - max);
+    if (d_logits != nullptr) d_logits[z] = e;  // kept for the gradient: one exp per atom
+    sum_exp += e;
     mass += m[z];
   }
-  const T log_sum = std::log(sum_exp) + max;
+  const T log_sum = std::log(sum_exp);
   T ce = 0;
-  for (int z = 0; z < atoms; ++z) ce -= m[z] * (logits[z] - log_sum);
+  for (int z = 0; z < atoms; ++z) ce -= m[z] * (logits[z] - max - log_sum);
   if (d_logits != nullptr) {
-    for (int z = 0; z < atoms; ++z) d_logits[z] = scale * (std::exp(logits[z] - log_sum) * mass - m[z]);
+    for (int z = 0; z < atoms; ++z) d_logits[z] = scale * (d_logits[z] / sum_exp * mass - m[z]);
   }
   return ce;
 }

@@ -43,21 +43,18 @@ struct Activations {
   int cols() const { return static_cast<int>(input.cols()); }
 };
 
-// ReLU that keeps NaN (a plain max(x, 0) may turn NaN into 0 and hide a
-// poisoned input from the guard).
-template <typename Derived>
-void ReluInPlace(Eigen::MatrixBase<Derived>& y) {
-  using T = typename Derived::Scalar;
-  y = (y.array() < T(0)).select(T(0), y.array()).matrix();
-}
-
+// y = W x + b, then ReLU when `relu`. The bias is the GEMM's initial value
+// (saves a pass over y). Eigen's max(y, 0) follows std::max(y, 0), which keeps
+// a NaN y: a poisoned input must reach the guard, not turn into 0.
 template <typename T, typename In>
-void LinearForward(const LinearView& layer, const T* params, const Eigen::MatrixBase<In>& x, Matrix<T>* y) {
+void LinearForward(const LinearView& layer, const T* params, const Eigen::MatrixBase<In>& x, bool relu,
+                   Matrix<T>* y) {
   const WeightMap<T> w(params + layer.w_offset, layer.out, layer.in);
   const BiasMap<T> b(params + layer.b_offset, layer.out);
   y->resize(layer.out, x.cols());
-  y->noalias() = w * x;
-  y->colwise() += b;
+  for (Eigen::Index j = 0; j < x.cols(); ++j) y->col(j) = b;
+  y->noalias() += w * x;
+  if (relu) y->array() = y->array().cwiseMax(T(0));
 }
 
 // Per sample and branch: l[a][z] = V[z] + A[a][z] - mean_a A[a][z].
@@ -88,7 +85,8 @@ void SoftmaxAndQ(const NetworkSpec& spec, const Matrix<T>& logits, Matrix<T>* pr
   probs->resize(logits.rows(), logits.cols());
   Eigen::Map<const Matrix<T>> l(logits.data(), atoms, blocks);
   Eigen::Map<Matrix<T>> p(probs->data(), atoms, blocks);
-  p = (l.rowwise() - l.colwise().maxCoeff()).array().exp().matrix();
+  p = l.rowwise() - l.colwise().maxCoeff();
+  p.array() = p.array().exp();  // in place: Eigen vectorizes exp only on a plain array
   p.array().rowwise() /= p.colwise().sum().array();
   Vector<T> support(atoms);
   for (int z = 0; z < atoms; ++z) support[z] = static_cast<T>(spec.atom(z));
@@ -102,16 +100,13 @@ void Forward(const NetworkSpec& spec, const T* params, Activations<T>* acts) {
   acts->trunk.resize(spec.trunk.size());
   const Matrix<T>* x = &acts->input;
   for (size_t k = 0; k < spec.trunk.size(); ++k) {
-    LinearForward(spec.trunk[k], params, *x, &acts->trunk[k]);
-    ReluInPlace(acts->trunk[k]);
+    LinearForward(spec.trunk[k], params, *x, /*relu=*/true, &acts->trunk[k]);
     x = &acts->trunk[k];
   }
-  LinearForward(spec.value_hidden, params, *x, &acts->value_hidden);
-  ReluInPlace(acts->value_hidden);
-  LinearForward(spec.value_out, params, acts->value_hidden, &acts->value);
-  LinearForward(spec.adv_hidden, params, *x, &acts->adv_hidden);
-  ReluInPlace(acts->adv_hidden);
-  LinearForward(spec.adv_out, params, acts->adv_hidden, &acts->adv);
+  LinearForward(spec.value_hidden, params, *x, /*relu=*/true, &acts->value_hidden);
+  LinearForward(spec.value_out, params, acts->value_hidden, /*relu=*/false, &acts->value);
+  LinearForward(spec.adv_hidden, params, *x, /*relu=*/true, &acts->adv_hidden);
+  LinearForward(spec.adv_out, params, acts->adv_hidden, /*relu=*/false, &acts->adv);
   DuelingLogits(spec, acts->value, acts->adv, &acts->logits);
   SoftmaxAndQ(spec, acts->logits, &acts->probs, &acts->q);
 }
