@@ -1,5 +1,7 @@
 #include "server/daemon.h"
 
+#include <unistd.h>
+
 #include <thread>
 #include <utility>
 
@@ -17,6 +19,16 @@ std::string AddressHost(const std::string& address) {
   const size_t colon = address.rfind(':');
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
+
+namespace {
+
+std::string Hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   if (auto st = ValidateConfig(options.config); !st.ok()) return st;
@@ -53,7 +65,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   auto* health = d->server_->GetHealthCheckService();
   health->SetServingStatus(false);
   d->learner_->Start();
-  d->metrics_->Start();
+  d->metrics_->Start(absl::StrCat(Hostname(), ":", d->grpc_port_));
   health->SetServingStatus(true);
   return d;
 }

@@ -107,18 +107,23 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
       return absl::InvalidArgumentError(
           absl::StrCat("--pushgateway: '", options.pushgateway, "' is not host:port"));
     }
-    m->gateway_ = std::make_unique<prometheus::Gateway>(parts[0], parts[1], "qstream",
-                                                        prometheus::Labels{{"instance", options.instance}});
-    m->gateway_->RegisterCollectable(m->registry_);
+    m->gateway_host_ = parts[0];
+    m->gateway_port_ = parts[1];
   }
   return m;
 }
 
 Metrics::~Metrics() { Stop(); }
 
-void Metrics::Start() {
+void Metrics::Start(const std::string& instance) {
   if (started_) return;
   started_ = true;
+  if (!gateway_host_.empty()) {
+    const std::string label = options_.instance.empty() ? instance : options_.instance;
+    gateway_ = std::make_unique<prometheus::Gateway>(gateway_host_, gateway_port_, "qstream",
+                                                     prometheus::Labels{{"instance", label}});
+    gateway_->RegisterCollectable(registry_);
+  }
   thread_ = std::thread([this] { Run(); });
 }
 

@@ -34,7 +34,8 @@ struct MetricsOptions {
   // host:port of a Pushgateway; empty: no push.
   std::string pushgateway;
   absl::Duration push_interval = absl::Seconds(10);
-  // Value of the instance label of pushed metrics.
+  // Value of the instance label of pushed metrics (Daemon defaults it to
+  // hostname:grpc_port).
   std::string instance;
   // How often the statistics are read from the learner.
   absl::Duration poll_interval = absl::Milliseconds(500);
@@ -51,7 +52,9 @@ class Metrics {
                                                          const IngestCounters* counters);
   ~Metrics();  // Stop()s
 
-  void Start();
+  // Starts polling (and pushing, labelled with `instance` when the options
+  // left it empty).
+  void Start(const std::string& instance = "");
   // Stops the poll thread after one last poll (and push). Idempotent.
   void Stop();
 
@@ -75,6 +78,7 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<prometheus::Gateway> gateway_;
+  std::string gateway_host_, gateway_port_;
   int port_ = 0;
 
   prometheus::Histogram* step_seconds_;

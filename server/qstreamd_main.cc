@@ -2,7 +2,6 @@
 // Exit codes: 0 after a clean shutdown on SIGINT/SIGTERM, 1 when a port or
 // the backend cannot be set up, 2 for bad flags or config.
 #include <signal.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <optional>
@@ -106,12 +105,6 @@ absl::StatusOr<v1::TrainerConfig> EffectiveConfig() {
   return config;
 }
 
-std::string Hostname() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
-  return name;
-}
-
 int Main(int argc, char** argv) {
   // Signals are taken synchronously by this thread (sigwait below); blocking
   // them before any thread exists keeps them off gRPC's and the learner's.
@@ -152,10 +145,6 @@ int Main(int argc, char** argv) {
   options.metrics.pushgateway = absl::GetFlag(FLAGS_pushgateway);
   options.metrics.push_interval = absl::GetFlag(FLAGS_push_interval);
   options.metrics.instance = absl::GetFlag(FLAGS_instance);
-  if (options.metrics.instance.empty()) {
-    // The bound port is not known yet for port 0; the listen port names the instance.
-    options.metrics.instance = absl::StrCat(Hostname(), ":", options.listen.substr(options.listen.rfind(':') + 1));
-  }
   auto daemon = Daemon::Start(options);
   if (!daemon.ok()) {
     std::fprintf(stderr, "qstreamd: %s\n", std::string(daemon.status().message()).c_str());
