@@ -20,12 +20,12 @@ namespace {
 // The policy must act in the env's space: one branch of num_actions actions.
 absl::Status CheckPolicyFits(const PolicySnapshot& snap, const Env& env) {
   if (snap.spec.obs_dim != env.obs_dim()) {
-    return absl::FailedPreconditionError(absl::StrCat("policy obs_dim ", snap.spec.obs_dim, " but ", env.name(),
-                                                      " observations have ", env.obs_dim()));
+    return absl::FailedPreconditionError(absl::StrCat("policy obs_dim ", snap.spec.obs_dim, " but ",
+                                                      env.name(), " observations have ", env.obs_dim()));
   }
   if (snap.spec.num_branches() != 1 || snap.spec.branch_actions[0] != env.num_actions()) {
-    return absl::FailedPreconditionError(absl::StrCat("policy branch_actions must be [", env.num_actions(),
-                                                      "] for ", env.name()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("policy branch_actions must be [", env.num_actions(), "] for ", env.name()));
   }
   return absl::OkStatus();
 }
@@ -35,8 +35,8 @@ class BatchBuilder {
  public:
   BatchBuilder() { Clear(); }
 
-  void Add(std::span<const float> obs, std::span<const float> next_obs, int action, float reward, bool terminated,
-           bool truncated, int env_id, int64_t policy_version) {
+  void Add(std::span<const float> obs, std::span<const float> next_obs, int action, float reward,
+           bool terminated, bool truncated, int env_id, int64_t policy_version) {
     for (float v : obs) batch_.add_obs(v);
     for (float v : next_obs) batch_.add_next_obs(v);
     batch_.add_actions(action);
@@ -72,8 +72,9 @@ class BatchBuilder {
 
 }  // namespace
 
-absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStream& stream, PolicyWatcher& policy,
-                                     const std::atomic<bool>& stop, std::ostream& log) {
+absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStream& stream,
+                                     PolicyWatcher& policy, const std::atomic<bool>& stop,
+                                     std::ostream& log) {
   if (options.num_envs < 1) return absl::InvalidArgumentError("num_envs must be >= 1");
   if (options.batch_transitions < 1) return absl::InvalidArgumentError("batch_transitions must be >= 1");
   if (options.return_window < 1) return absl::InvalidArgumentError("return_window must be >= 1");
@@ -91,7 +92,8 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
 
   std::vector<float> obs(static_cast<size_t>(n) * obs_dim);
   std::vector<float> next_obs(obs_dim);
-  for (int i = 0; i < n; ++i) envs[i]->Reset(std::span<float>(obs).subspan(static_cast<size_t>(i) * obs_dim, obs_dim));
+  for (int i = 0; i < n; ++i)
+    envs[i]->Reset(std::span<float>(obs).subspan(static_cast<size_t>(i) * obs_dim, obs_dim));
 
   std::mt19937_64 rng(options.seed);
   std::uniform_real_distribution<double> coin(0.0, 1.0);

@@ -45,7 +45,7 @@ struct ActorResult {
 // Runs until `stop` is set, max_steps is reached or the return target is met;
 // sends everything collected and waits for its acks before returning.
 // Progress lines go to `log`.
-absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStream& stream, PolicyWatcher& policy,
-                                     const std::atomic<bool>& stop, std::ostream& log);
+absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStream& stream,
+                                     PolicyWatcher& policy, const std::atomic<bool>& stop, std::ostream& log);
 
 }  // namespace qstream::actor

@@ -28,7 +28,8 @@ StepResult CartPole::Step(int action, std::span<float> obs) {
   const double cos_theta = std::cos(state_.theta);
   const double sin_theta = std::sin(state_.theta);
   // Equations of motion as in gymnasium (Florian 2007, with its sign convention).
-  const double temp = (force + kPoleMassLength * state_.theta_dot * state_.theta_dot * sin_theta) / kTotalMass;
+  const double temp =
+      (force + kPoleMassLength * state_.theta_dot * state_.theta_dot * sin_theta) / kTotalMass;
   const double theta_acc = (kGravity * sin_theta - cos_theta * temp) /
                            (kHalfPoleLength * (4.0 / 3.0 - kMassPole * cos_theta * cos_theta / kTotalMass));
   const double x_acc = temp - kPoleMassLength * theta_acc * cos_theta / kTotalMass;
@@ -42,8 +43,8 @@ StepResult CartPole::Step(int action, std::span<float> obs) {
 
   StepResult r;
   r.reward = 1.0f;
-  r.terminated = state_.x < -kXThreshold || state_.x > kXThreshold || state_.theta < -kThetaThresholdRadians ||
-                 state_.theta > kThetaThresholdRadians;
+  r.terminated = state_.x < -kXThreshold || state_.x > kXThreshold ||
+                 state_.theta < -kThetaThresholdRadians || state_.theta > kThetaThresholdRadians;
   r.truncated = elapsed_steps_ >= kMaxEpisodeSteps;
   return r;
 }

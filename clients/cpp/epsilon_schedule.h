@@ -14,7 +14,8 @@ struct EpsilonSchedule {
 
   double At(int64_t env_steps) const {
     if (decay_steps <= 0) return end;
-    const double remaining = 1.0 - std::min(1.0, static_cast<double>(env_steps) / static_cast<double>(decay_steps));
+    const double remaining =
+        1.0 - std::min(1.0, static_cast<double>(env_steps) / static_cast<double>(decay_steps));
     return end + (start - end) * remaining;
   }
 };

@@ -96,8 +96,9 @@ void ExperienceStream::ReadLoop() {
       ++totals_.acked_batches;
       if (ack.has_error()) {
         if (error_.ok()) {
-          error_ = absl::InvalidArgumentError(absl::StrCat("batch ", ack.sequence(), " rejected, field '",
-                                                           ack.error().field(), "': ", ack.error().message()));
+          error_ =
+              absl::InvalidArgumentError(absl::StrCat("batch ", ack.sequence(), " rejected, field '",
+                                                      ack.error().field(), "': ", ack.error().message()));
         }
       } else {
         totals_.accepted_transitions += ack.accepted();
@@ -115,7 +116,8 @@ void ExperienceStream::ReadLoop() {
       if (cancelled_ || (closing_ && unacked_.empty())) break;
     }
     if (IsFinal(status.error_code())) {
-      Fail(absl::UnavailableError(absl::StrCat("experience stream ended by the daemon: ", status.error_message())));
+      Fail(absl::UnavailableError(
+          absl::StrCat("experience stream ended by the daemon: ", status.error_message())));
       break;
     }
     const absl::Time now = absl::Now();

@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  auto channel = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials(), args);
+  auto channel =
+      grpc::CreateCustomChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials(), args);
 
   auto policy =
       qstream::actor::PolicyWatcher::Create(channel, absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)));
@@ -112,7 +113,8 @@ int main(int argc, char** argv) {
   }
   std::cout << "qstream-actor finished env_steps=" << result->env_steps << " episodes=" << result->episodes
             << " mean_return=" << result->mean_return << " sent=" << result->stream.sent_transitions
-            << " accepted=" << result->stream.accepted_transitions << " reconnects=" << result->stream.reconnects
+            << " accepted=" << result->stream.accepted_transitions
+            << " reconnects=" << result->stream.reconnects
             << " reached_target=" << (result->reached_target ? "yes" : "no") << std::endl;
   const bool target_set = !std::isnan(options.stop_at_return);
   if (target_set && !result->reached_target && !g_stop.load()) return 3;

@@ -19,8 +19,9 @@ absl::StatusOr<std::shared_ptr<const PolicySnapshot>> SnapshotFromProto(const v1
   auto spec = NetworkSpec::FromArchitecture(policy.architecture());
   if (!spec.ok()) return spec.status();
   if (static_cast<int64_t>(policy.weights_size()) != spec->num_params) {
-    return absl::InvalidArgumentError(absl::StrCat("policy version ", policy.version(), " has ", policy.weights_size(),
-                                                   " weights; its architecture needs ", spec->num_params));
+    return absl::InvalidArgumentError(absl::StrCat("policy version ", policy.version(), " has ",
+                                                   policy.weights_size(), " weights; its architecture needs ",
+                                                   spec->num_params));
   }
   auto snap = std::make_shared<PolicySnapshot>();
   snap->version = policy.version();
@@ -53,7 +54,8 @@ absl::StatusOr<std::unique_ptr<PolicyWatcher>> PolicyWatcher::Create(std::shared
   }
 }
 
-PolicyWatcher::PolicyWatcher(std::shared_ptr<grpc::Channel> channel, std::shared_ptr<const PolicySnapshot> first)
+PolicyWatcher::PolicyWatcher(std::shared_ptr<grpc::Channel> channel,
+                             std::shared_ptr<const PolicySnapshot> first)
     : stub_(v1::PolicyService::NewStub(std::move(channel))), latest_(std::move(first)) {
   thread_ = std::thread([this] { WatchLoop(); });
 }

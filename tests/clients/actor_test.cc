@@ -103,7 +103,8 @@ TEST_F(ActorTest, FollowsNewPolicyVersions) {
   ASSERT_TRUE(RunActor(options, **stream, **policy, stop_, log).ok());
   ASSERT_TRUE((*stream)->Close().ok());
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while ((*policy)->Latest()->version <= first && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  while ((*policy)->Latest()->version <= first && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(20));
   EXPECT_GT((*policy)->Latest()->version, first);
   EXPECT_EQ(static_cast<int64_t>((*policy)->Latest()->weights.size()), (*policy)->Latest()->spec.num_params);
 }
