@@ -180,7 +180,7 @@ TEST(C51LossGradientTest, FullNetworkGradientMatchesCentralDifferences) {
   loss.Compute(c.online.data(), c.target.data(), c.batch, &result);
   ASSERT_TRUE(std::isfinite(result.loss));
   ASSERT_GT(result.target_clip_fraction, 0.0);
-  const std::vector<double> grads = result.grads;
+  const auto grads = result.grads;
 
   auto loss_at = [&](const std::vector<double>& params) {
     C51Loss<double> l(c.spec);

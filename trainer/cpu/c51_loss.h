@@ -98,7 +98,7 @@ struct LossResult {
   T loss = 0;                     // (1/B) sum_b w_b CE_b
   std::vector<T> item_loss;       // CE_b (unweighted), B
   T target_clip_fraction = 0;
-  std::vector<T> grads;           // dloss/dparams, num_params
+  AlignedVector<T> grads;         // dloss/dparams, num_params
 };
 
 template <typename T>

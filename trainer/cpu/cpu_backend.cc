@@ -26,6 +26,10 @@ constexpr double kSupportBoundSlack = 1e-4;
 // Step times kept for DrainStepTimes when nobody drains (bench, tests).
 constexpr size_t kMaxUndrainedStepTimes = size_t{1} << 16;
 
+cpu::AlignedVector<float> ToAligned(const std::vector<float>& v) {
+  return cpu::AlignedVector<float>(v.begin(), v.end());
+}
+
 class CpuBackend : public Backend {
  public:
   CpuBackend(const v1::TrainerConfig& config, NetworkSpec spec)
@@ -37,7 +41,7 @@ class CpuBackend : public Backend {
                      : static_cast<float>(std::max(std::fabs(spec_.v_min), std::fabs(spec_.v_max)) *
                                           (1.0 + kSupportBoundSlack))),
         replay_(config.replay().capacity(), spec_.obs_dim, spec_.num_branches()),
-        params_(InitParams(spec_, config.seed())),
+        params_(ToAligned(InitParams(spec_, config.seed()))),
         target_(params_),
         adam_m_(spec_.num_params, 0.0f),
         adam_v_(spec_.num_params, 0.0f),
@@ -96,7 +100,7 @@ class CpuBackend : public Backend {
 
   std::vector<float> GetParams() override {
     absl::MutexLock lock(&mu_);
-    return params_;
+    return std::vector<float>(params_.begin(), params_.end());
   }
   // Sets the online and the target network (a restore starts from equal
   // networks); the Adam moments are kept.
@@ -106,8 +110,8 @@ class CpuBackend : public Backend {
           absl::StrCat("params: ", params.size(), " values, network has ", spec_.num_params));
     }
     absl::MutexLock lock(&mu_);
-    params_ = params;
-    target_ = params;
+    params_ = ToAligned(params);
+    target_ = params_;
     return absl::OkStatus();
   }
   absl::Status ComputeQ(const float* obs, int64_t n, std::vector<float>* q) override {
@@ -133,10 +137,10 @@ class CpuBackend : public Backend {
   // Learner state: touched by Step() and the accessors above.
   mutable absl::Mutex mu_;
   cpu::PrioritizedReplay replay_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> params_ ABSL_GUARDED_BY(mu_);  // online, flat layout of NetworkSpec
-  std::vector<float> target_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> adam_m_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> adam_v_ ABSL_GUARDED_BY(mu_);
+  cpu::AlignedVector<float> params_ ABSL_GUARDED_BY(mu_);  // online, flat layout of NetworkSpec
+  cpu::AlignedVector<float> target_ ABSL_GUARDED_BY(mu_);
+  cpu::AlignedVector<float> adam_m_ ABSL_GUARDED_BY(mu_);
+  cpu::AlignedVector<float> adam_v_ ABSL_GUARDED_BY(mu_);
   int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t applied_updates_ ABSL_GUARDED_BY(mu_) = 0;
   cpu::C51Loss<float> loss_ ABSL_GUARDED_BY(mu_);

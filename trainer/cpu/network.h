@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "Eigen/Core"
+#include "Eigen/StdVector"
 #include "trainer/network_spec.h"
 
 namespace qstream::cpu {
@@ -19,6 +20,11 @@ template <typename T>
 using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
 template <typename T>
 using Vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+// Flat buffers (parameters, gradients, Adam moments) start at Eigen's packet
+// alignment: Eigen peels unaligned heads off vectorized loops and reductions,
+// so a buffer whose alignment varied between runs would vary the rounding.
+template <typename T>
+using AlignedVector = std::vector<T, Eigen::aligned_allocator<T>>;
 template <typename T>
 using WeightMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 template <typename T>
