@@ -60,7 +60,7 @@ fi
 if [[ "${PROFILE:-0}" == 1 ]]; then
   # Per-kernel device time of a few steps (graph nodes profiled one by one).
   timeout 240 ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
-    --launch-skip "${NCU_SKIP:-40}" --launch-count "${NCU_COUNT:-120}" \
+    --launch-skip "${NCU_SKIP:-25}" --launch-count "${NCU_COUNT:-60}" \
     "$bin/qstream-bench" learner --backend=cuda --config=h200 --batch=1024 --fill=100000 --steps=3 \
     --warmup=0 --repeats=1 > "$out/ncu.csv" 2>&1
   echo "== ncu rc=$?" >> "$summary"
