@@ -37,8 +37,12 @@ class BatchBuilder {
 
   void Add(std::span<const float> obs, std::span<const float> next_obs, int action, float reward,
            bool terminated, bool truncated, int env_id, int64_t policy_version) {
-    for (float v : obs) batch_.add_obs(v);
-    for (float v : next_obs) batch_.add_next_obs(v);
+    for (float v : obs) {
+      batch_.add_obs(v);
+    }
+    for (float v : next_obs) {
+      batch_.add_next_obs(v);
+    }
     batch_.add_actions(action);
     batch_.add_rewards(reward);
     batch_.add_done(terminated);
@@ -75,15 +79,23 @@ class BatchBuilder {
 absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStream& stream,
                                      PolicyWatcher& policy, const std::atomic<bool>& stop,
                                      std::ostream& log) {
-  if (options.num_envs < 1) return absl::InvalidArgumentError("num_envs must be >= 1");
-  if (options.batch_transitions < 1) return absl::InvalidArgumentError("batch_transitions must be >= 1");
-  if (options.return_window < 1) return absl::InvalidArgumentError("return_window must be >= 1");
+  if (options.num_envs < 1) {
+    return absl::InvalidArgumentError("num_envs must be >= 1");
+  }
+  if (options.batch_transitions < 1) {
+    return absl::InvalidArgumentError("batch_transitions must be >= 1");
+  }
+  if (options.return_window < 1) {
+    return absl::InvalidArgumentError("return_window must be >= 1");
+  }
 
   std::vector<std::unique_ptr<Env>> envs;
   for (int i = 0; i < options.num_envs; ++i) {
     // Distinct, reproducible episode starts per env.
     auto env = MakeEnv(options.env, options.seed * 1000003u + static_cast<uint64_t>(i));
-    if (!env.ok()) return env.status();
+    if (!env.ok()) {
+      return env.status();
+    }
     envs.push_back(*std::move(env));
   }
   const int n = options.num_envs;
@@ -92,8 +104,9 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
 
   std::vector<float> obs(static_cast<size_t>(n) * obs_dim);
   std::vector<float> next_obs(obs_dim);
-  for (int i = 0; i < n; ++i)
+  for (int i = 0; i < n; ++i) {
     envs[i]->Reset(std::span<float>(obs).subspan(static_cast<size_t>(i) * obs_dim, obs_dim));
+  }
 
   std::mt19937_64 rng(options.seed);
   std::uniform_real_distribution<double> coin(0.0, 1.0);
@@ -119,10 +132,14 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
   };
 
   while (!stop.load(std::memory_order_relaxed)) {
-    if (options.max_steps > 0 && result.env_steps >= options.max_steps) break;
+    if (options.max_steps > 0 && result.env_steps >= options.max_steps) {
+      break;
+    }
     std::shared_ptr<const PolicySnapshot> latest = policy.Latest();
     if (latest != snap) {
-      if (absl::Status fits = CheckPolicyFits(*latest, *envs[0]); !fits.ok()) return fits;
+      if (absl::Status fits = CheckPolicyFits(*latest, *envs[0]); !fits.ok()) {
+        return fits;
+      }
       snap = std::move(latest);
       q.resize(static_cast<size_t>(n) * snap->spec.total_actions());
     }
@@ -145,7 +162,9 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
       }
     }
     if (batch.count() >= options.batch_transitions) {
-      if (absl::Status s = stream.Send(batch.Take()); !s.ok()) return s;
+      if (absl::Status s = stream.Send(batch.Take()); !s.ok()) {
+        return s;
+      }
     }
     if (absl::Now() >= next_report) {
       report("progress");
@@ -157,9 +176,13 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
     }
   }
   if (batch.count() > 0) {
-    if (absl::Status s = stream.Send(batch.Take()); !s.ok()) return s;
+    if (absl::Status s = stream.Send(batch.Take()); !s.ok()) {
+      return s;
+    }
   }
-  if (absl::Status s = stream.Flush(); !s.ok()) return s;
+  if (absl::Status s = stream.Flush(); !s.ok()) {
+    return s;
+  }
   report(result.reached_target ? "reached" : "done");
   result.episodes = returns.episodes();
   result.mean_return = returns.mean();

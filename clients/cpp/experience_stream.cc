@@ -21,11 +21,15 @@ bool IsFinal(grpc::StatusCode code) {
 
 absl::StatusOr<std::unique_ptr<ExperienceStream>> ExperienceStream::Open(
     const std::shared_ptr<grpc::Channel>& channel, const Options& options) {
-  if (options.max_in_flight < 1) return absl::InvalidArgumentError("max_in_flight must be >= 1");
+  if (options.max_in_flight < 1) {
+    return absl::InvalidArgumentError("max_in_flight must be >= 1");
+  }
   std::unique_ptr<ExperienceStream> s(new ExperienceStream(v1::ExperienceService::NewStub(channel), options));
   auto attempt = std::make_shared<Attempt>();
   attempt->call = s->stub_->Stream(&attempt->context);
-  if (attempt->call == nullptr) return absl::UnavailableError("could not start ExperienceService.Stream");
+  if (attempt->call == nullptr) {
+    return absl::UnavailableError("could not start ExperienceService.Stream");
+  }
   {
     absl::MutexLock lock(&s->mu_);
     s->attempt_ = std::move(attempt);
@@ -41,14 +45,20 @@ ExperienceStream::~ExperienceStream() {
   {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
-    if (attempt_ != nullptr) attempt_->context.TryCancel();
+    if (attempt_ != nullptr) {
+      attempt_->context.TryCancel();
+    }
   }
-  if (reader_.joinable()) reader_.join();
+  if (reader_.joinable()) {
+    reader_.join();
+  }
 }
 
 void ExperienceStream::Fail(absl::Status status) {
   absl::MutexLock lock(&mu_);
-  if (error_.ok()) error_ = std::move(status);
+  if (error_.ok()) {
+    error_ = std::move(status);
+  }
 }
 
 void ExperienceStream::Reconnect() {
@@ -62,15 +72,21 @@ void ExperienceStream::Reconnect() {
     ++generation_;
     ++totals_.reconnects;
     resend.assign(unacked_.begin(), unacked_.end());
-    if (cancelled_) attempt->context.TryCancel();
+    if (cancelled_) {
+      attempt->context.TryCancel();
+    }
   }
   // A failed write shows up as a failed Read in ReadLoop, which reconnects again.
   for (const v1::TransitionBatch& b : resend) {
-    if (!attempt->call->Write(b)) break;
+    if (!attempt->call->Write(b)) {
+      break;
+    }
   }
   absl::MutexLock lock(&mu_);
   // Close() half-closed the previous attempt; this one ends the same way.
-  if (closing_) attempt->call->WritesDone();
+  if (closing_) {
+    attempt->call->WritesDone();
+  }
 }
 
 void ExperienceStream::ReadLoop() {
@@ -91,7 +107,9 @@ void ExperienceStream::ReadLoop() {
       totals_.daemon_policy_version = ack.policy_version();
       totals_.throttle = ack.throttle();
       // Acks come in order; one for an older sequence re-acknowledges a resend.
-      if (unacked_.empty() || ack.sequence() != unacked_.front().sequence()) continue;
+      if (unacked_.empty() || ack.sequence() != unacked_.front().sequence()) {
+        continue;
+      }
       unacked_.pop_front();
       ++totals_.acked_batches;
       if (ack.has_error()) {
@@ -113,7 +131,9 @@ void ExperienceStream::ReadLoop() {
     }
     {
       absl::MutexLock lock(&mu_);
-      if (cancelled_ || (closing_ && unacked_.empty())) break;
+      if (cancelled_ || (closing_ && unacked_.empty())) {
+        break;
+      }
     }
     if (IsFinal(status.error_code())) {
       Fail(absl::UnavailableError(
@@ -132,7 +152,9 @@ void ExperienceStream::ReadLoop() {
       absl::MutexLock lock(&mu_);
       // Sleeps out the backoff, but wakes at once when the stream is torn down.
       mu_.AwaitWithTimeout(absl::Condition(&cancelled_), backoff);
-      if (cancelled_) break;
+      if (cancelled_) {
+        break;
+      }
     }
     backoff = std::min(backoff * 2, options_.max_backoff);
     Reconnect();
@@ -153,8 +175,12 @@ absl::Status ExperienceStream::Send(v1::TransitionBatch batch) {
       return !error_.ok() || reader_done_ || static_cast<int>(unacked_.size()) < options_.max_in_flight;
     };
     mu_.Await(absl::Condition(&has_room));
-    if (!error_.ok()) return error_;
-    if (reader_done_ || closing_) return absl::FailedPreconditionError("experience stream is closed");
+    if (!error_.ok()) {
+      return error_;
+    }
+    if (reader_done_ || closing_) {
+      return absl::FailedPreconditionError("experience stream is closed");
+    }
     batch.set_sequence(next_sequence_++);
     batch.set_stream_id(options_.stream_id);
     ++totals_.sent_batches;
@@ -167,7 +193,9 @@ absl::Status ExperienceStream::Send(v1::TransitionBatch batch) {
   {
     absl::MutexLock lock(&mu_);
     // A reconnect since then already resent this batch on the new attempt.
-    if (generation != generation_) return absl::OkStatus();
+    if (generation != generation_) {
+      return absl::OkStatus();
+    }
   }
   // A failed write means the call broke: the reader reconnects and resends.
   attempt->call->Write(batch);
@@ -189,10 +217,16 @@ absl::Status ExperienceStream::Close() {
     absl::MutexLock write_lock(&write_mu_);
     absl::MutexLock lock(&mu_);
     closing_ = true;
-    if (!reader_done_) attempt_->call->WritesDone();
+    if (!reader_done_) {
+      attempt_->call->WritesDone();
+    }
   }
-  if (reader_.joinable()) reader_.join();
-  if (!flushed.ok()) return flushed;
+  if (reader_.joinable()) {
+    reader_.join();
+  }
+  if (!flushed.ok()) {
+    return flushed;
+  }
   absl::MutexLock lock(&mu_);
   return error_;
 }

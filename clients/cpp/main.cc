@@ -91,7 +91,9 @@ int main(int argc, char** argv) {
   stream_options.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   stream_options.stream_id = absl::GetFlag(FLAGS_stream_id);
   stream_options.reconnect_timeout = absl::Seconds(absl::GetFlag(FLAGS_reconnect_timeout_s));
-  if (stream_options.stream_id.empty()) stream_options.stream_id = DefaultStreamId();
+  if (stream_options.stream_id.empty()) {
+    stream_options.stream_id = DefaultStreamId();
+  }
   auto stream = qstream::actor::ExperienceStream::Open(channel, stream_options);
   if (!stream.ok()) {
     std::cerr << "qstream-actor: " << stream.status().message() << "\n";
@@ -117,6 +119,8 @@ int main(int argc, char** argv) {
             << " reconnects=" << result->stream.reconnects
             << " reached_target=" << (result->reached_target ? "yes" : "no") << std::endl;
   const bool target_set = !std::isnan(options.stop_at_return);
-  if (target_set && !result->reached_target && !g_stop.load()) return 3;
+  if (target_set && !result->reached_target && !g_stop.load()) {
+    return 3;
+  }
   return 0;
 }

@@ -25,7 +25,9 @@ StepResult MountainCar::Step(int action, std::span<float> obs) {
   v = std::clamp(v, -kMaxSpeed, kMaxSpeed);
   double p = std::clamp(state_.position + v, kMinPosition, kMaxPosition);
   // The left wall is inelastic.
-  if (p == kMinPosition && v < 0) v = 0;
+  if (p == kMinPosition && v < 0) {
+    v = 0;
+  }
   state_.position = p;
   state_.velocity = v;
   ++elapsed_steps_;

@@ -17,7 +17,9 @@ constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
 
 absl::StatusOr<std::shared_ptr<const PolicySnapshot>> SnapshotFromProto(const v1::Policy& policy) {
   auto spec = NetworkSpec::FromArchitecture(policy.architecture());
-  if (!spec.ok()) return spec.status();
+  if (!spec.ok()) {
+    return spec.status();
+  }
   if (static_cast<int64_t>(policy.weights_size()) != spec->num_params) {
     return absl::InvalidArgumentError(absl::StrCat("policy version ", policy.version(), " has ",
                                                    policy.weights_size(), " weights; its architecture needs ",
@@ -43,7 +45,9 @@ absl::StatusOr<std::unique_ptr<PolicyWatcher>> PolicyWatcher::Create(std::shared
     grpc::Status s = stub->GetPolicy(&ctx, v1::GetPolicyRequest(), &policy);
     if (s.ok()) {
       auto snap = SnapshotFromProto(policy);
-      if (!snap.ok()) return snap.status();
+      if (!snap.ok()) {
+        return snap.status();
+      }
       return std::unique_ptr<PolicyWatcher>(new PolicyWatcher(std::move(channel), *std::move(snap)));
     }
     if (absl::Now() >= deadline) {
@@ -64,7 +68,9 @@ PolicyWatcher::~PolicyWatcher() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    if (watch_context_ != nullptr) watch_context_->TryCancel();
+    if (watch_context_ != nullptr) {
+      watch_context_->TryCancel();
+    }
   }
   thread_.join();
 }
@@ -76,7 +82,9 @@ std::shared_ptr<const PolicySnapshot> PolicyWatcher::Latest() const {
 
 void PolicyWatcher::Store(std::shared_ptr<const PolicySnapshot> snapshot) {
   absl::MutexLock lock(&mu_);
-  if (snapshot->version > latest_->version) latest_ = std::move(snapshot);
+  if (snapshot->version > latest_->version) {
+    latest_ = std::move(snapshot);
+  }
 }
 
 void PolicyWatcher::WatchLoop() {
@@ -86,7 +94,9 @@ void PolicyWatcher::WatchLoop() {
     v1::WatchPolicyRequest request;
     {
       absl::MutexLock lock(&mu_);
-      if (stopping_) return;
+      if (stopping_) {
+        return;
+      }
       watch_context_ = &ctx;
       request.set_after_version(latest_->version);
     }
@@ -104,7 +114,9 @@ void PolicyWatcher::WatchLoop() {
     grpc::Status status = reader->Finish();
     absl::MutexLock lock(&mu_);
     watch_context_ = nullptr;
-    if (stopping_) return;
+    if (stopping_) {
+      return;
+    }
     // The daemon may be restarting: wait, but wake at once on shutdown.
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), backoff);
     backoff = std::min(backoff * 2, kMaxBackoff);

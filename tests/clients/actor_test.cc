@@ -103,8 +103,9 @@ TEST_F(ActorTest, FollowsNewPolicyVersions) {
   ASSERT_TRUE(RunActor(options, **stream, **policy, stop_, log).ok());
   ASSERT_TRUE((*stream)->Close().ok());
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while ((*policy)->Latest()->version <= first && absl::Now() < deadline)
+  while ((*policy)->Latest()->version <= first && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
+  }
   EXPECT_GT((*policy)->Latest()->version, first);
   EXPECT_EQ(static_cast<int64_t>((*policy)->Latest()->weights.size()), (*policy)->Latest()->spec.num_params);
 }
@@ -195,13 +196,17 @@ TEST_F(ActorTest, StreamSurvivesDaemonRestart) {
     }
     return b;
   };
-  for (int i = 0; i < 20; ++i) ASSERT_TRUE((*stream)->Send(batch()).ok());
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE((*stream)->Send(batch()).ok());
+  }
   ASSERT_TRUE((*stream)->Flush().ok());
 
   daemon_->Shutdown(absl::Milliseconds(200));
   daemon_.reset();
   // Batches sent while no daemon is up wait in the stream for the next one.
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*stream)->Send(batch()).ok());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE((*stream)->Send(batch()).ok());
+  }
   DaemonOptions options;
   options.config = SmallConfig(false);
   options.backend = BackendKind::kCpu;
@@ -209,7 +214,9 @@ TEST_F(ActorTest, StreamSurvivesDaemonRestart) {
   auto d = Daemon::Start(options);
   ASSERT_TRUE(d.ok()) << d.status();
   daemon_ = *std::move(d);
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE((*stream)->Send(batch()).ok());
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE((*stream)->Send(batch()).ok());
+  }
   ASSERT_TRUE((*stream)->Flush().ok());
   ASSERT_TRUE((*stream)->Close().ok());
   const StreamTotals t = (*stream)->totals();

@@ -59,7 +59,9 @@ TEST(CartPoleTest, ResetDrawsSmallStartStateAndIsSeeded) {
   c.Reset(oc);
   EXPECT_EQ(oa, ob);
   EXPECT_NE(oa, oc);
-  for (float v : oa) EXPECT_LE(std::abs(v), 0.05f);
+  for (float v : oa) {
+    EXPECT_LE(std::abs(v), 0.05f);
+  }
   EXPECT_EQ(a.elapsed_steps(), 0);
 }
 
