@@ -103,6 +103,7 @@ class ActorClient:
         self._rejected: list[BatchRejected] = []
         self._fatal: QstreamError | None = None
         self._closing = False
+        self._aborted = False  # stop at once, unacknowledged batches or not
         self._stats = StreamStats()
         self._queue: queue.Queue | None = None
         self._call = None
@@ -171,9 +172,8 @@ class ActorClient:
                     self._queue.put(None)
                 self._cv.notify_all()
             self._reader.join(timeout)
-            if self._call is not None and self._reader.is_alive():
-                self._call.cancel()
-                self._reader.join()
+            if self._reader.is_alive():
+                self._abort()
             self._channel.close()
 
     def __enter__(self) -> "ActorClient":
@@ -183,13 +183,20 @@ class ActorClient:
         if exc_type is None:
             self.close()
         else:
-            with self._cv:
-                self._closing = True
-                if self._queue is not None:
-                    self._queue.put(None)
-            if self._call is not None:
-                self._call.cancel()
+            self._abort()
             self._channel.close()
+
+    def _abort(self) -> None:
+        """Cancels the call and stops the reader without waiting for acks."""
+        with self._cv:
+            self._closing = self._aborted = True
+            if self._queue is not None:
+                self._queue.put(None)
+            call = self._call
+            self._cv.notify_all()
+        if call is not None:
+            call.cancel()
+        self._reader.join()
 
     @property
     def stats(self) -> StreamStats:
@@ -220,6 +227,8 @@ class ActorClient:
         with self._cv:
             if self._queue is not None:
                 self._queue.put(None)  # ends the previous call's request iterator
+            if self._aborted:
+                return None
             q: queue.Queue = queue.Queue()
             for batch in self._unacked.values():
                 q.put(batch)
@@ -253,6 +262,8 @@ class ActorClient:
         failing_since = None
         while True:
             call = self._open_call()
+            if call is None:
+                return
             try:
                 for ack in call:
                     self._handle_ack(ack)
@@ -264,7 +275,7 @@ class ActorClient:
             except grpc.RpcError as e:
                 error = e
                 with self._cv:
-                    if self._closing and (not self._unacked or e.code() == grpc.StatusCode.CANCELLED):
+                    if self._aborted or (self._closing and not self._unacked):
                         return
                 if e.code() in _FATAL_CODES:
                     self._fail(StreamError(f"stream ended by the daemon: {e.code().name}: {e.details()}"))
@@ -275,7 +286,10 @@ class ActorClient:
                 detail = f"{error.code().name}: {error.details()}" if error is not None else "stream ended"
                 self._fail(StreamError(f"could not reconnect within {self._reconnect_timeout_s}s ({detail})"))
                 return
-            time.sleep(backoff)
+            with self._cv:
+                # Sleeps out the backoff, but wakes at once on abort.
+                if self._cv.wait_for(lambda: self._aborted, backoff):
+                    return
             backoff = min(backoff * 2, self._max_backoff_s)
             with self._cv:
                 self._stats.reconnects += 1

@@ -161,3 +161,18 @@ def test_reconnect_resends_unacknowledged_without_duplicates(start_daemon):
     st = d.status()
     assert st.transitions_ingested == batches * per_batch
     assert st.replay_size == batches * per_batch
+
+
+def test_close_returns_when_the_daemon_is_gone(start_daemon):
+    d = start_daemon(IDLE_CONFIG)
+    rng = np.random.default_rng(4)
+    c = ActorClient(d.grpc, reconnect_timeout_s=600)
+    c.send(step_batch(**good_steps(rng, 5)))
+    c.flush(timeout=30)
+    assert d.stop() == 0
+    c.send(step_batch(**good_steps(rng, 5)))  # never acknowledged
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        c.close(timeout=1)
+    assert time.monotonic() - start < 10
+    assert c.stats.acked_batches == 1
