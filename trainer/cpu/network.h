@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "Eigen/Core"
-#include "Eigen/StdVector"
 #include "trainer/network_spec.h"
 
 namespace qstream::cpu {
