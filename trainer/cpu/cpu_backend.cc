@@ -76,7 +76,7 @@ class CpuBackend : public Backend {
     absl::MutexLock lock(&mu_);
     return replay_.size();
   }
-  int64_t replay_capacity() const override { return replay_.capacity(); }
+  int64_t replay_capacity() const override { return config_.replay().capacity(); }
   int64_t steps() const override {
     absl::MutexLock lock(&mu_);
     return steps_;
