@@ -5,7 +5,7 @@
 #
 # Starts the daemon with deploy/demo.pbtxt on free loopback ports, starts the
 # actors, prints progress every few seconds (learner steps/s, replay size,
-# env steps, mean return of the last 20 episodes per actor) and stops when an
+# transitions, mean return of the last 20 episodes per actor) and stops when an
 # actor's mean return reaches the target (exit 0), or on the time/step cap
 # (exit 1). Everything it started is stopped on exit, whatever the cause.
 #
@@ -13,7 +13,8 @@
 # QSTREAM_DEMO_ENVS (envs per actor, 4), QSTREAM_DEMO_TIME_CAP_S (900),
 # QSTREAM_DEMO_STEP_CAP (env steps per actor, 1000000), QSTREAM_BACKEND
 # (auto|cpu|cuda), QSTREAM_DEMO_CONFIG (TrainerConfig file),
-# QSTREAM_DEMO_KEEP_LOGS (1: keep the log folder).
+# QSTREAM_DEMO_REPORT_S (seconds between lines, 2), QSTREAM_DEMO_KEEP_LOGS
+# (1: keep the log folder).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,7 +27,7 @@ TIME_CAP_S="${QSTREAM_DEMO_TIME_CAP_S:-900}"
 STEP_CAP="${QSTREAM_DEMO_STEP_CAP:-1000000}"
 BACKEND="${QSTREAM_BACKEND:-auto}"
 EPS_DECAY="${QSTREAM_DEMO_EPS_DECAY:-10000}"
-REPORT_S=5
+REPORT_S="${QSTREAM_DEMO_REPORT_S:-2}"
 
 if [ ! -x "$BUILD/qstreamd" ] || [ ! -x "$BUILD/qstream-actor" ]; then
   echo "demo: building qstreamd and qstream-actor in $BUILD"
