@@ -50,6 +50,7 @@ class ExperienceService::StreamReactor final : public grpc::ServerBidiReactor<v1
     }
     ack_.Clear();
     ack_.set_sequence(batch_.sequence());
+    ack_.set_throttle(service_->learner_->throttled());
     if (auto error = ValidateBatch(batch_, service_->spec_, service_->config_.server())) {
       Reject(*error);
       return;
@@ -76,7 +77,6 @@ class ExperienceService::StreamReactor final : public grpc::ServerBidiReactor<v1
     const int64_t n = columns.n;
     const int64_t lag = std::max<int64_t>(
         0, service_->policy_version_.load(std::memory_order_relaxed) - batch_.policy_version());
-    ack_.set_throttle(service_->learner_->throttled());
     // Nothing below may touch `this`: the callback may finish (and delete)
     // the reactor on the learner thread before Enqueue returns.
     service_->learner_->Enqueue(std::move(columns), [this, n, lag](absl::Status status, int64_t replay_size) {

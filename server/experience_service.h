@@ -4,7 +4,9 @@
 // items for KIND_STEP), hand it to the Learner, and write the Ack only once
 // the Learner reports it inserted. The next read starts only after that Ack
 // is written, so a learner that falls behind stops the stream's reads and
-// HTTP/2 flow control pushes back on the actor; nothing is dropped.
+// HTTP/2 flow control pushes back on the actor; nothing is dropped. Each
+// stream has at most one batch in the learner, so pending memory is bounded
+// by server.max_streams x (one batch + the HTTP/2 window).
 #pragma once
 
 #include <atomic>
