@@ -27,6 +27,9 @@ if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
     timeout 300 "$bin/$t" --gtest_color=no >> "$out/tests.log" 2>&1
     echo "== $t rc=$?" >> "$summary"
   done
+  # The simpler GEMM paths stay correct too.
+  QSTREAM_CUDA_EPILOGUES=unfused timeout 120 "$bin/cuda_backend_gpu_test" --gtest_color=no >> "$out/tests.log" 2>&1
+  echo "== cuda_backend_gpu_test (QSTREAM_CUDA_EPILOGUES=unfused) rc=$?" >> "$summary"
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|\[ info \]|tests? ran" "$out/tests.log" >> "$summary"
 fi
 

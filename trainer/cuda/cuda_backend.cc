@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <deque>
 #include <utility>
@@ -311,6 +312,13 @@ absl::Status CudaBackend::Init() {
   // cuBLASLt picks and loads its kernels on first use; do that outside
   // capture (on zero-filled buffers, so nothing observable changes), and
   // fall back to unfused epilogues if it has none for them.
+  // Diagnostic switch (see cuda_backend.h): force the slower, simpler paths.
+  if (const char* mode = std::getenv("QSTREAM_CUDA_EPILOGUES"); mode != nullptr) {
+    const std::string m = mode;
+    if (m == "unbatched" || m == "unfused") batched_forward_ = false;
+    if (m == "unfused") fused_epilogues_ = false;
+    if (m != "fused") device_name_ += absl::StrCat(" (", m, ")");
+  }
   auto warm_up = [&]() -> absl::Status {
     QS_RETURN_IF_ERROR(EnqueueForward(params(), x_.get(), int64_t{B} * spec_.obs_dim, 2, &acts_));
     return EnqueueBackward();

@@ -1,6 +1,12 @@
 // CUDA backend: the learner step of trainer/backend.h captured once as one
 // CUDA graph (sample -> gather -> forward -> loss -> backward -> guard ->
 // Adam + target -> priority write-back) and replayed by Step().
+//
+// GEMMs go through cuBLASLt with bias/ReLU in the epilogues and the online
+// and target forward passes as one strided-batch GEMM per layer. The
+// environment variable QSTREAM_CUDA_EPILOGUES=unbatched|unfused forces the
+// simpler paths (two forward GEMMs per layer; plain GEMMs + bias/ReLU
+// kernels) for diagnosis; device() names the path when it is not the default.
 #pragma once
 
 #include <memory>
