@@ -82,7 +82,6 @@ absl::Status ValidateConfig(const v1::TrainerConfig& c) {
   if (s.publish_every() < 1) return Bad("server.publish_every", "must be >= 1");
   if (s.stats_every() < 1) return Bad("server.stats_every", "must be >= 1");
   if (s.max_streams() < 1) return Bad("server.max_streams", "must be >= 1");
-  if (s.max_pending_batches() < 1) return Bad("server.max_pending_batches", "must be >= 1");
   return absl::OkStatus();
 }
 

@@ -38,7 +38,7 @@ constexpr int kMaxMessageBytes = 65536;
 
 // Small network and a replay larger than anything a test inserts, so the
 // replay size equals the number of transitions ever accepted.
-std::string ConfigText(int max_streams = 16, int max_pending_batches = 64) {
+std::string ConfigText(int max_streams = 16) {
   return absl::StrCat(R"(
 network { obs_dim: 4 trunk_hidden: 32 trunk_hidden: 32 head_hidden: 32 num_atoms: 11
           branch_actions: 3 branch_actions: 2 }
@@ -46,15 +46,13 @@ replay { capacity: 4000000 batch_size: 32 }
 rate_limiter { min_size_to_sample: 64 samples_per_insert: 0 }
 returns { n_step: 3 gamma: 0.9 }
 server { publish_every: 5 stats_every: 1 max_batch_transitions: 1024 max_message_bytes: )",
-                      kMaxMessageBytes, " max_streams: ", max_streams,
-                      " max_pending_batches: ", max_pending_batches, " }\n");
+                      kMaxMessageBytes, " max_streams: ", max_streams, " }\n");
 }
 
-testing::Daemon StartOrDie(const std::vector<std::string>& extra = {}, int max_streams = 16,
-                           int max_pending_batches = 64) {
+testing::Daemon StartOrDie(const std::vector<std::string>& extra = {}, int max_streams = 16) {
   std::vector<std::string> flags = {
       "--backend=cpu",
-      "--config=" + testing::WriteTempFile("config.txt", ConfigText(max_streams, max_pending_batches))};
+      "--config=" + testing::WriteTempFile("config.txt", ConfigText(max_streams))};
   flags.insert(flags.end(), extra.begin(), extra.end());
   std::string error;
   auto d = testing::StartDaemon(flags, &error);
