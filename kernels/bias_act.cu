@@ -6,7 +6,7 @@ namespace qstream::kernels {
 namespace {
 
 constexpr int kColsPerBlock = 32;
-constexpr int kRowGroups = 16;
+constexpr int kRowGroups = 32;  // 1024 threads: more rows in flight per column
 
 template <bool kRelu>
 __global__ void BiasActivationKernel(float* __restrict__ y, const float* __restrict__ bias, int64_t n, int cols) {

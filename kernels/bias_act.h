@@ -15,8 +15,8 @@ cudaError_t LaunchBiasActivation(Matrix y, const float* bias, bool relu, cudaStr
 // Backward of y = act(x W^T + b) given dy (rows x cols, in place) and the
 // forward output `activation` (same shape; nullptr = identity, no mask):
 //   dy[r][c] *= (activation[r][c] > 0);   db[c] = sum_r dy[r][c].
-// Grid: one block per 32 columns, block (32, 16): thread (x, y) sums rows
-// y, y+16, ... of column x in order, then thread y == 0 adds the 16 partials
+// Grid: one block per 32 columns, block (32, 32): thread (x, y) sums rows
+// y, y+32, ... of column x in order, then thread y == 0 adds the 32 partials
 // in order and alone writes db[c]. No atomics.
 cudaError_t LaunchActivationBackwardBiasGrad(Matrix dy, const float* activation, float* bias_grad,
                                              cudaStream_t stream);

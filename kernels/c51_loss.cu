@@ -6,11 +6,11 @@ namespace qstream::kernels {
 namespace {
 
 constexpr int kLossWarps = 4;
-constexpr int kAtomsPerLane = kMaxAtoms / 32;
 
 __device__ __forceinline__ float Atom(const HeadShape& h, int z) { return h.v_min + z * h.delta_z; }
 
 // shift[z] = V[z] - mean_a A[a][z] over the n actions starting at `first`.
+template <int kAtomsPerLane>
 __device__ __forceinline__ void DuelingShift(const float* v_row, const float* a_row, int first, int n, int Z,
                                              int lane, float shift[kAtomsPerLane]) {
 #pragma unroll
@@ -25,6 +25,7 @@ __device__ __forceinline__ void DuelingShift(const float* v_row, const float* a_
 }
 
 // l[z] = A[z] + shift[z] (padding lanes -inf); returns the warp max.
+template <int kAtomsPerLane>
 __device__ __forceinline__ float DuelingLogits(const float* a_act, const float* shift, int Z, int lane,
                                                float l[kAtomsPerLane]) {
   float mx = -INFINITY;
@@ -38,6 +39,7 @@ __device__ __forceinline__ float DuelingLogits(const float* a_act, const float* 
 }
 
 // Softmax of l in place; returns Q = sum_z p_z atom(z).
+template <int kAtomsPerLane>
 __device__ __forceinline__ float SoftmaxQ(const HeadShape& h, float mx, int lane, float l[kAtomsPerLane]) {
   const int Z = h.num_atoms;
   float s = 0.0f;
@@ -58,6 +60,9 @@ __device__ __forceinline__ float SoftmaxQ(const HeadShape& h, float mx, int lane
   return WarpSum(q);
 }
 
+// kAtomsPerLane = ceil(Z / 32) rounded to a power of two: the atom loops are
+// unrolled over that many register slots per lane, no more.
+template <int kAtomsPerLane>
 __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) {
   extern __shared__ float smem[];
   const HeadShape& h = a.head;
@@ -96,22 +101,22 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
     const int n = h.branch_offset[br + 1] - first;
 
     // 5. Double DQN: a* = argmax_a Q_online(s') (ties: lowest a).
-    DuelingShift(v_n, a_n, first, n, Z, lane, shift);
+    DuelingShift<kAtomsPerLane>(v_n, a_n, first, n, Z, lane, shift);
     float best = -INFINITY;
     int a_star = 0;
     for (int act = 0; act < n; ++act) {
-      const float mx = DuelingLogits(a_n + (first + act) * Z, shift, Z, lane, l);
-      const float q = SoftmaxQ(h, mx, lane, l);
+      const float mx = DuelingLogits<kAtomsPerLane>(a_n + (first + act) * Z, shift, Z, lane, l);
+      const float q = SoftmaxQ<kAtomsPerLane>(h, mx, lane, l);
       if (q > best) {
         best = q;
         a_star = act;
       }
     }
     // Target distribution p_target(s', a*).
-    DuelingShift(v_t, a_t, first, n, Z, lane, shift);
+    DuelingShift<kAtomsPerLane>(v_t, a_t, first, n, Z, lane, shift);
     {
-      const float mx = DuelingLogits(a_t + (first + a_star) * Z, shift, Z, lane, l);
-      SoftmaxQ(h, mx, lane, l);
+      const float mx = DuelingLogits<kAtomsPerLane>(a_t + (first + a_star) * Z, shift, Z, lane, l);
+      SoftmaxQ<kAtomsPerLane>(h, mx, lane, l);
     }
     // 6. Projection of Tz = R + discount * z.
     float clip = 0.0f;
@@ -161,11 +166,11 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
     __syncwarp();
 
     // Q statistics of the online s row, every action of the branch.
-    DuelingShift(v_s, a_s, first, n, Z, lane, shift);
+    DuelingShift<kAtomsPerLane>(v_s, a_s, first, n, Z, lane, shift);
     float qmin = INFINITY, qmax = -INFINITY, qsum = 0.0f, bad = 0.0f;
     for (int act = 0; act < n; ++act) {
-      const float mx = DuelingLogits(a_s + (first + act) * Z, shift, Z, lane, l);
-      const float q = SoftmaxQ(h, mx, lane, l);
+      const float mx = DuelingLogits<kAtomsPerLane>(a_s + (first + act) * Z, shift, Z, lane, l);
+      const float q = SoftmaxQ<kAtomsPerLane>(h, mx, lane, l);
       if (!isfinite(q)) bad = 1.0f;
       qmin = fminf(qmin, q);
       qmax = fmaxf(qmax, q);
@@ -174,7 +179,7 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
     // 7. CE against log_softmax(l(s, a_br)) and its gradient.
     int taken = a.actions[b * NB + br];
     taken = taken < 0 ? 0 : (taken >= n ? n - 1 : taken);
-    const float mx = DuelingLogits(a_s + (first + taken) * Z, shift, Z, lane, l);
+    const float mx = DuelingLogits<kAtomsPerLane>(a_s + (first + taken) * Z, shift, Z, lane, l);
     float se = 0.0f;
 #pragma unroll
     for (int k = 0; k < kAtomsPerLane; ++k) {
@@ -241,6 +246,7 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
   }
 }
 
+template <int kAtomsPerLane>
 __global__ void __launch_bounds__(kLossWarps * 32)
     QValuesKernel(HeadShape h, const float* __restrict__ v, const float* __restrict__ adv, float* __restrict__ q) {
   const int Z = h.num_atoms;
@@ -255,10 +261,10 @@ __global__ void __launch_bounds__(kLossWarps * 32)
   for (int br = warp; br < h.num_branches; br += kLossWarps) {
     const int first = h.branch_offset[br];
     const int n = h.branch_offset[br + 1] - first;
-    DuelingShift(v_row, a_row, first, n, Z, lane, shift);
+    DuelingShift<kAtomsPerLane>(v_row, a_row, first, n, Z, lane, shift);
     for (int act = 0; act < n; ++act) {
-      const float mx = DuelingLogits(a_row + (first + act) * Z, shift, Z, lane, l);
-      const float value = SoftmaxQ(h, mx, lane, l);
+      const float mx = DuelingLogits<kAtomsPerLane>(a_row + (first + act) * Z, shift, Z, lane, l);
+      const float value = SoftmaxQ<kAtomsPerLane>(h, mx, lane, l);
       if (lane == 0) q[int64_t{r} * h.total_actions + first + act] = value;
     }
   }
@@ -271,14 +277,34 @@ size_t C51LossSharedBytes(const HeadShape& h) {
                           6 * static_cast<size_t>(h.num_branches));
 }
 
+// Register slots per lane for `atoms` atoms (1, 2, 4 or 8).
+int AtomsPerLane(int atoms) {
+  int k = 1;
+  while (32 * k < atoms) k *= 2;
+  return k;
+}
+
 cudaError_t LaunchC51Loss(const C51LossArgs& a, cudaStream_t stream) {
-  C51LossKernel<<<a.batch, kLossWarps * 32, C51LossSharedBytes(a.head), stream>>>(a);
+  const size_t smem = C51LossSharedBytes(a.head);
+  switch (AtomsPerLane(a.head.num_atoms)) {
+    case 1: C51LossKernel<1><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
+    case 2: C51LossKernel<2><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
+    case 4: C51LossKernel<4><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
+    case 8: C51LossKernel<8><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
+    default: return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 
 cudaError_t LaunchQValues(const HeadShape& head, const float* v, const float* a, int rows, float* q,
                           cudaStream_t stream) {
-  QValuesKernel<<<rows, kLossWarps * 32, 0, stream>>>(head, v, a, q);
+  switch (AtomsPerLane(head.num_atoms)) {
+    case 1: QValuesKernel<1><<<rows, kLossWarps * 32, 0, stream>>>(head, v, a, q); break;
+    case 2: QValuesKernel<2><<<rows, kLossWarps * 32, 0, stream>>>(head, v, a, q); break;
+    case 4: QValuesKernel<4><<<rows, kLossWarps * 32, 0, stream>>>(head, v, a, q); break;
+    case 8: QValuesKernel<8><<<rows, kLossWarps * 32, 0, stream>>>(head, v, a, q); break;
+    default: return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 
