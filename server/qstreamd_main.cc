@@ -54,6 +54,11 @@ bool CheckFlags(int argc, char** argv, std::string* error) {
     arg = arg.substr(absl::StartsWith(arg, "--") ? 2 : 1);
     const size_t eq = arg.find('=');
     const std::string name = arg.substr(0, eq);
+    // absl's usage flags (--help, --helpfull, --version, ...) are handled by ParseCommandLine.
+    if (name == "help" || name == "helpfull" || name == "helpshort" || name == "helppackage" ||
+        name == "version" || name == "helpon" || name == "helpmatch") {
+      continue;
+    }
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr && absl::StartsWith(name, "no")) {
       absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
