@@ -16,6 +16,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "clients/cpp/actor.h"
@@ -57,6 +59,10 @@ std::string DefaultStreamId() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("qstream-actor --server=HOST:PORT --env=CartPole --num_envs=N");
+  // --help lists every flag of this binary (absl's default matches the file name to the program name).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) { return absl::StrContains(file, "clients/cpp"); };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
