@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace qstream {
 
 // n transitions; every column has n rows. The bootstrap factor `discount` is
@@ -27,5 +29,11 @@ struct TransitionColumns {
     discounts.reserve(rows);
   }
 };
+
+// Checks a batch against the network shape: column lengths, obs_dim, branch
+// count and, when branch_actions is not empty (one entry per branch), every
+// action in range. The error names the column ("transitions.actions: ...").
+absl::Status CheckTransitionColumns(const TransitionColumns& batch, int obs_dim, int num_branches,
+                                    const std::vector<int>& branch_actions = {});
 
 }  // namespace qstream

@@ -57,17 +57,7 @@ class CpuBackend : public Backend {
 
   absl::Status Insert(const TransitionColumns& batch) override {
     absl::MutexLock lock(&mu_);
-    if (auto st = replay_.CheckShape(batch); !st.ok()) return st;
-    for (int64_t i = 0; i < batch.n; ++i) {
-      for (int br = 0; br < spec_.num_branches(); ++br) {
-        const int32_t a = batch.actions[i * spec_.num_branches() + br];
-        if (a < 0 || a >= spec_.branch_actions[br]) {
-          return absl::InvalidArgumentError(absl::StrCat("transitions.actions: item ", i, " branch ", br,
-                                                         " action ", a, " outside [0, ", spec_.branch_actions[br],
-                                                         ")"));
-        }
-      }
-    }
+    if (auto st = CheckTransitionColumns(batch, spec_.obs_dim, spec_.num_branches(), spec_.branch_actions); !st.ok()) return st;
     replay_.Insert(batch);
     return absl::OkStatus();
   }

@@ -21,20 +21,8 @@ PrioritizedReplay::PrioritizedReplay(int64_t capacity, int obs_dim, int num_bran
       tree_(capacity) {}
 
 absl::Status PrioritizedReplay::CheckShape(const TransitionColumns& batch) const {
-  auto bad = [](const std::string& field, const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("transitions.", field, ": ", why));
-  };
-  if (batch.n < 0) return bad("n", "must be >= 0");
-  if (batch.obs_dim != obs_dim_) return bad("obs_dim", absl::StrCat("is ", batch.obs_dim, ", network has ", obs_dim_));
-  if (batch.num_branches != num_branches_)
-    return bad("num_branches", absl::StrCat("is ", batch.num_branches, ", network has ", num_branches_));
-  const auto n = static_cast<size_t>(batch.n);
-  if (batch.obs.size() != n * obs_dim_) return bad("obs", "length must be n * obs_dim");
-  if (batch.next_obs.size() != n * obs_dim_) return bad("next_obs", "length must be n * obs_dim");
-  if (batch.actions.size() != n * num_branches_) return bad("actions", "length must be n * num_branches");
-  if (batch.rewards.size() != n) return bad("rewards", "length must be n");
-  if (batch.discounts.size() != n) return bad("discounts", "length must be n");
-  return absl::OkStatus();
+  // Shape only: the action ranges belong to the network, which the backend checks.
+  return CheckTransitionColumns(batch, obs_dim_, num_branches_);
 }
 
 void PrioritizedReplay::Insert(const TransitionColumns& batch) {

@@ -69,29 +69,7 @@ kernels::ReplayColumns DeviceReplay::columns() const {
 }
 
 absl::Status DeviceReplay::Insert(const TransitionColumns& batch) {
-  auto bad = [](const std::string& field, const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("transitions.", field, ": ", why));
-  };
-  if (batch.n < 0) return bad("n", "must be >= 0");
-  if (batch.obs_dim != obs_dim_) return bad("obs_dim", absl::StrCat("is ", batch.obs_dim, ", network has ", obs_dim_));
-  if (batch.num_branches != num_branches_) {
-    return bad("num_branches", absl::StrCat("is ", batch.num_branches, ", network has ", num_branches_));
-  }
-  const auto n = static_cast<size_t>(batch.n);
-  if (batch.obs.size() != n * obs_dim_) return bad("obs", "length must be n * obs_dim");
-  if (batch.next_obs.size() != n * obs_dim_) return bad("next_obs", "length must be n * obs_dim");
-  if (batch.actions.size() != n * num_branches_) return bad("actions", "length must be n * num_branches");
-  if (batch.rewards.size() != n) return bad("rewards", "length must be n");
-  if (batch.discounts.size() != n) return bad("discounts", "length must be n");
-  for (size_t i = 0; i < n; ++i) {
-    for (int br = 0; br < num_branches_; ++br) {
-      const int32_t a = batch.actions[i * num_branches_ + br];
-      if (a < 0 || a >= branch_actions_[br]) {
-        return bad("actions", absl::StrCat("item ", i, " branch ", br, " action ", a, " outside [0, ",
-                                           branch_actions_[br], ")"));
-      }
-    }
-  }
+  if (auto st = CheckTransitionColumns(batch, obs_dim_, num_branches_, branch_actions_); !st.ok()) return st;
   // Only the last `capacity` items of an oversized batch would survive.
   const int64_t skip = std::max<int64_t>(0, batch.n - capacity_);
   for (int64_t row = skip; row < batch.n; row += staging_rows_) {
