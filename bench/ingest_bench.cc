@@ -33,6 +33,7 @@
 #include "qstream/v1/experience.pb.h"
 #include "server/daemon.h"
 #include "trainer/config.h"
+#include "qstream/version.h"
 
 namespace qstream::bench {
 namespace {

@@ -18,6 +18,7 @@
 #include "bench/bench.h"
 #include "trainer/backends/backend_factory.h"
 #include "trainer/config.h"
+#include "qstream/version.h"
 
 namespace qstream::bench {
 namespace {

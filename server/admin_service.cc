@@ -1,6 +1,7 @@
 #include "server/admin_service.h"
 
 #include "server/grpc_status.h"
+#include "qstream/version.h"
 
 namespace qstream {
 

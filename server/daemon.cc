@@ -12,6 +12,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "trainer/config.h"
+#include "qstream/version.h"
 
 namespace qstream {
 
