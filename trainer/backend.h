@@ -51,6 +51,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "qstream/v1/config.pb.h"
+#include "trainer/backend_state.h"
 #include "trainer/network_spec.h"
 #include "trainer/transitions.h"
 
@@ -76,6 +77,7 @@ struct StepStats {
   float q_max = 0;
   float target_clip_fraction = 0;
   GuardReason guard = GuardReason::kNone;
+  int64_t consecutive_trips = 0;  // tripped steps in a row ending at this one
 };
 
 class Backend {
@@ -113,6 +115,15 @@ class Backend {
   virtual absl::Status SetParams(const std::vector<float>& params) = 0;
   // Online-network Q-values, n x total_actions. May synchronize.
   virtual absl::Status ComputeQ(const float* obs, int64_t n, std::vector<float>* q) = 0;
+
+  // Copies the whole learner state (the replay only when include_replay) to
+  // host memory; waits for the device. Called between steps.
+  virtual absl::Status SaveState(bool include_replay, BackendState* out) = 0;
+  // Replaces the state (see StateParts); shapes must match the network
+  // (InvalidArgument naming the buffer otherwise). A replay of another
+  // capacity is resized (ResizeReplayState). kAll without a replay empties
+  // the replay. The statistics restart from the restored counters.
+  virtual absl::Status LoadState(const BackendState& state, StateParts parts) = 0;
 };
 
 }  // namespace qstream

@@ -107,6 +107,8 @@ class FakeBackend : public Backend {
   absl::Status ComputeQ(const float*, int64_t, std::vector<float>*) override {
     return absl::UnimplementedError("fake");
   }
+  absl::Status SaveState(bool, BackendState*) override { return absl::UnimplementedError("fake"); }
+  absl::Status LoadState(const BackendState&, StateParts) override { return absl::UnimplementedError("fake"); }
 
  private:
   NetworkSpec spec_;

@@ -104,6 +104,8 @@ class CpuBackend : public Backend {
     target_ = params_;
     return absl::OkStatus();
   }
+  absl::Status SaveState(bool include_replay, BackendState* out) override;
+  absl::Status LoadState(const BackendState& state, StateParts parts) override;
   absl::Status ComputeQ(const float* obs, int64_t n, std::vector<float>* q) override {
     if (n < 0) return absl::InvalidArgumentError("n must be >= 0");
     q->resize(static_cast<size_t>(n) * spec_.total_actions());
@@ -238,6 +240,14 @@ void CpuBackend::RecordStats(int64_t t, float grad_norm, GuardReason guard, doub
   last_stats_ = s;
   if (guard != GuardReason::kNone) ++guard_trips_[static_cast<int>(guard)];
   if (step_times_.size() < kMaxUndrainedStepTimes) step_times_.emplace_back(seconds, 1);
+}
+
+absl::Status CpuBackend::SaveState(bool, BackendState*) {
+  return absl::UnimplementedError("SaveState");
+}
+
+absl::Status CpuBackend::LoadState(const BackendState&, StateParts) {
+  return absl::UnimplementedError("LoadState");
 }
 
 }  // namespace

@@ -126,6 +126,8 @@ class CudaBackend final : public Backend {
 
   std::vector<float> GetParams() override;
   absl::Status SetParams(const std::vector<float>& params) override;
+  absl::Status SaveState(bool include_replay, BackendState* out) override;
+  absl::Status LoadState(const BackendState& state, StateParts parts) override;
   absl::Status ComputeQ(const float* obs, int64_t n, std::vector<float>* q) override;
 
  private:
@@ -717,6 +719,14 @@ absl::Status CudaBackend::ComputeQ(const float* obs, int64_t n, std::vector<floa
     QS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SaveState(bool, BackendState*) {
+  return absl::UnimplementedError("SaveState");
+}
+
+absl::Status CudaBackend::LoadState(const BackendState&, StateParts) {
+  return absl::UnimplementedError("LoadState");
 }
 
 }  // namespace

@@ -1,0 +1,125 @@
+// IngestSessions: the owner of ingest state below the RPC layer. One session
+// per stream_id holds what the daemon has committed for that client: the last
+// committed sequence and the per-env n-step windows (KIND_STEP). A stream
+// reactor only translates wire messages into calls here; the session decides
+// what is new, a duplicate or must wait, builds the replay columns, hands
+// them to the Learner and commits the sequence and the windows together with
+// the insert, on the learner thread (so a checkpoint snapshot taken on that
+// thread is a consistent cut of replay + sessions).
+//
+// The contract it implements is written in proto/qstream/v1/experience.proto.
+// Per session, batches are processed one at a time in arrival order: a batch
+// submitted while another of the same session is in flight waits for that
+// outcome (which is how a resend of an in-flight sequence learns it is a
+// duplicate, and how n-step windows see steps in order).
+//
+// Sessions are bounded (server.max_sessions) and expire by age: a session
+// whose stream broke off keeps its windows for server.stream_resume_seconds,
+// then they are flushed into the replay as shorter-horizon transitions; its
+// sequence record is forgotten after server.session_ttl_seconds, or earlier
+// (longest-detached first) when more than max_sessions exist.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "qstream/v1/checkpoint.pb.h"
+#include "qstream/v1/config.pb.h"
+#include "qstream/v1/experience.pb.h"
+#include "server/ingest_counters.h"
+#include "server/validate.h"
+#include "trainer/learner.h"
+#include "trainer/network_spec.h"
+
+namespace qstream {
+
+class IngestSession;
+
+// The outcome of one submitted batch, as the ack will carry it.
+struct IngestOutcome {
+  // Not OK: the batch could not be inserted (learner stopped, backend
+  // failure); nothing of it is in the replay and its sequence is not
+  // committed. The stream should end with this status.
+  absl::Status status;
+  // Set when the batch was rejected by the session (e.g. too many env ids);
+  // nothing of it was inserted. The stream carries on.
+  std::optional<BatchError> error;
+  int64_t accepted = 0;      // transitions written to the replay for this batch
+  bool duplicate = false;    // sequence already committed; nothing inserted
+  int64_t replay_size = 0;   // after the insert (or the latest known)
+};
+
+class IngestSessions {
+ public:
+  using Done = std::function<void(IngestOutcome)>;
+
+  // `learner` and `counters` must outlive this object.
+  IngestSessions(Learner* learner, const NetworkSpec& spec, const v1::TrainerConfig& config,
+                 IngestCounters* counters);
+  ~IngestSessions();  // Stop()s
+
+  // The expiry thread (checks about once a second).
+  void Start() ABSL_LOCKS_EXCLUDED(mu_);
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A stream attaches to the session of `stream_id` ("" gives a private
+  // session that nobody else can attach to). When another stream holds it,
+  // that stream's `on_superseded` runs (outside every lock, on this thread)
+  // and it must end with ABORTED; the new holder's batches queue behind the
+  // old holder's batch in flight. The returned handle is the stream's token.
+  std::shared_ptr<IngestSession> Attach(const std::string& stream_id, std::function<void()> on_superseded)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Submits a validated batch (ValidateBatch passed). `done` runs exactly
+  // once: inline for a duplicate or a session-level rejection, else on the
+  // learner thread once the batch is committed (or failed). `done` must not
+  // block. A stream submits its next batch only after `done` ran.
+  void Submit(const std::shared_ptr<IngestSession>& session, const v1::TransitionBatch& batch, Done done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The stream ends. clean (a half-close): the session's windows are flushed
+  // into the replay and `flushed` runs once they are committed (or failed);
+  // otherwise the session stays for a reconnect (private sessions flush at
+  // once) and `flushed` runs at once. No-op for a stream that was superseded
+  // (its successor owns the session); `flushed` still runs.
+  void Detach(const std::shared_ptr<IngestSession>& session, bool clean, Done flushed) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Committed state of every session (learner thread, from the checkpoint
+  // snapshot hook; consistent with the replay at that moment).
+  void Save(v1::IngestState* out) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Before serving: replaces every session with `state` (all detached, their
+  // resume clock starting now). Private sessions ("") are flushed into the
+  // replay. InvalidArgument naming the session when a window does not fit
+  // the network.
+  absl::Status Restore(const v1::IngestState& state) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // One expiry pass at `now` (the thread calls it; tests call it directly).
+  void Expire(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+
+  int64_t num_sessions() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Transitions waiting in n-step windows over all sessions.
+  int64_t pending_transitions() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // Implementation-defined (see ingest_sessions.cc).
+  Learner* const learner_;
+  const NetworkSpec spec_;
+  const v1::TrainerConfig config_;
+  IngestCounters* const counters_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<IngestSession>> sessions_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread expiry_thread_;
+};
+
+}  // namespace qstream

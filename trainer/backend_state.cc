@@ -1,0 +1,38 @@
+#include "trainer/backend_state.h"
+
+#include <algorithm>
+
+namespace qstream {
+
+ReplayState ResizeReplayState(const ReplayState& state, int64_t capacity) {
+  if (state.capacity == capacity) return state;
+  ReplayState out;
+  out.capacity = capacity;
+  out.max_priority = state.max_priority;
+  const int64_t keep = std::min(state.size, capacity);
+  const int dim = state.rows.obs_dim;
+  const int br = state.rows.num_branches;
+  out.rows.obs_dim = dim;
+  out.rows.num_branches = br;
+  out.rows.Reserve(keep);
+  // Oldest item: slot `cursor` once the ring is full, slot 0 before.
+  const int64_t oldest = state.size == state.capacity ? state.cursor % std::max<int64_t>(1, state.size) : 0;
+  for (int64_t k = state.size - keep; k < state.size; ++k) {
+    const int64_t slot = (oldest + k) % state.size;
+    const auto& r = state.rows;
+    out.rows.obs.insert(out.rows.obs.end(), r.obs.begin() + slot * dim, r.obs.begin() + (slot + 1) * dim);
+    out.rows.next_obs.insert(out.rows.next_obs.end(), r.next_obs.begin() + slot * dim,
+                             r.next_obs.begin() + (slot + 1) * dim);
+    out.rows.actions.insert(out.rows.actions.end(), r.actions.begin() + slot * br,
+                            r.actions.begin() + (slot + 1) * br);
+    out.rows.rewards.push_back(r.rewards[slot]);
+    out.rows.discounts.push_back(r.discounts[slot]);
+    out.priorities.push_back(state.priorities[slot]);
+  }
+  out.rows.n = keep;
+  out.size = keep;
+  out.cursor = keep % capacity;
+  return out;
+}
+
+}  // namespace qstream
