@@ -64,8 +64,10 @@ __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs 
       const int64_t k = ++s->adam_updates;
       s->bias_correction1 = static_cast<float>(1.0 - pow(static_cast<double>(a.beta1), static_cast<double>(k)));
       s->bias_correction2 = static_cast<float>(1.0 - pow(static_cast<double>(a.beta2), static_cast<double>(k)));
+      s->consecutive_trips = 0;
     } else {
       ++s->guard_trips[reason];
+      ++s->consecutive_trips;
     }
     DeviceStats& st = s->stats;
     st.step = s->t + 1;

@@ -71,6 +71,7 @@ struct DeviceState {
   float bias_correction2 = 1.0f;  // 1 - beta2^k
   DeviceStats stats;
   int64_t guard_trips[kNumGuardReasonsDevice] = {};
+  int64_t consecutive_trips = 0;  // tripped steps in a row, ending at the latest
 };
 
 }  // namespace qstream::kernels

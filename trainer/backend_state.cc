@@ -1,6 +1,9 @@
 #include "trainer/backend_state.h"
 
 #include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
 
 namespace qstream {
 
@@ -33,6 +36,33 @@ ReplayState ResizeReplayState(const ReplayState& state, int64_t capacity) {
   out.size = keep;
   out.cursor = keep % capacity;
   return out;
+}
+
+absl::Status CheckReplayState(const ReplayState& state, const NetworkSpec& spec) {
+  if (state.capacity < 1 || state.size < 0 || state.size > state.capacity || state.cursor < 0 ||
+      state.cursor >= state.capacity || (state.size < state.capacity && state.cursor != state.size)) {
+    return absl::InvalidArgumentError(absl::StrCat("replay: size ", state.size, " and cursor ", state.cursor,
+                                                   " do not fit capacity ", state.capacity));
+  }
+  if (state.rows.n != state.size) {
+    return absl::InvalidArgumentError(absl::StrCat("replay.rows: ", state.rows.n, " rows, size ", state.size));
+  }
+  if (auto st = CheckTransitionColumns(state.rows, spec.obs_dim, spec.num_branches(), spec.branch_actions); !st.ok()) {
+    return st;
+  }
+  if (static_cast<int64_t>(state.priorities.size()) != state.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replay.priorities: ", state.priorities.size(), " values, size ", state.size));
+  }
+  for (int64_t i = 0; i < state.size; ++i) {
+    if (!std::isfinite(state.priorities[i]) || state.priorities[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("replay.priorities[", i, "]: ", state.priorities[i]));
+    }
+  }
+  if (!std::isfinite(state.max_priority) || state.max_priority <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("replay.max_priority: ", state.max_priority));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace qstream

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "trainer/network_spec.h"
 #include "trainer/transitions.h"
 
 namespace qstream {
@@ -25,6 +27,11 @@ struct ReplayState {
 // newest from slot 0 (the newest `capacity` when it holds more). Identity
 // when the capacity already matches.
 ReplayState ResizeReplayState(const ReplayState& state, int64_t capacity);
+
+// Checks a replay state against the network and its own counters: column
+// shapes, actions in range, priorities finite and >= 0, size/cursor within
+// capacity. InvalidArgument naming the column otherwise.
+absl::Status CheckReplayState(const ReplayState& state, const NetworkSpec& spec);
 
 struct BackendState {
   int64_t steps = 0;            // learner steps taken, skipped ones included (t)

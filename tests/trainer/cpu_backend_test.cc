@@ -312,5 +312,110 @@ TEST(CpuBackendGuardTest, TrippedStepDoesNotAdvanceAdam) {
   EXPECT_EQ(tripped->GetParams(), fresh->GetParams());
 }
 
+// Runs `steps` steps with an insert of fresh items every 7th, the same
+// schedule for a given `first` step so two backends can be compared.
+void RunSchedule(Backend* b, int64_t first, int steps) {
+  for (int64_t t = first; t < first + steps; ++t) {
+    if (t % 7 == 0) {
+      ASSERT_TRUE(b->Insert(RandomItems(b->spec(), 9, 1000 + static_cast<uint32_t>(t))).ok());
+    }
+    ASSERT_TRUE(b->Step().ok());
+  }
+}
+
+void ExpectSameState(const BackendState& a, const BackendState& b) {
+  EXPECT_EQ(a.steps, b.steps);
+  EXPECT_EQ(a.applied_updates, b.applied_updates);
+  ASSERT_EQ(a.params.size(), b.params.size());
+  EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.target.data(), b.target.data(), a.target.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.adam_m.data(), b.adam_m.data(), a.adam_m.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.adam_v.data(), b.adam_v.data(), a.adam_v.size() * sizeof(float)));
+  EXPECT_EQ(a.guard_trips, b.guard_trips);
+  EXPECT_EQ(a.replay.size, b.replay.size);
+  EXPECT_EQ(a.replay.cursor, b.replay.cursor);
+  EXPECT_EQ(a.replay.max_priority, b.replay.max_priority);
+  EXPECT_EQ(a.replay.priorities, b.replay.priorities);
+  EXPECT_EQ(a.replay.rows.obs, b.replay.rows.obs);
+  EXPECT_EQ(a.replay.rows.actions, b.replay.rows.actions);
+}
+
+// The state saved after 100 steps, loaded into a fresh backend, takes the
+// next 100 steps bit for bit as the uninterrupted backend does (the ring
+// wraps in between: capacity 128, ~260 inserted items).
+TEST(CpuBackendTest, SaveLoadStateContinuesBitwise) {
+  const v1::TrainerConfig config = TestConfig();
+  auto a = Make(config);
+  ASSERT_TRUE(a->Insert(RandomItems(a->spec(), 100, 5)).ok());
+  RunSchedule(a.get(), 0, 100);
+  BackendState saved;
+  ASSERT_TRUE(a->SaveState(/*include_replay=*/true, &saved).ok());
+  EXPECT_EQ(saved.steps, 100);
+  EXPECT_TRUE(saved.has_replay);
+
+  auto b = Make(config);
+  ASSERT_TRUE(b->LoadState(saved, StateParts::kAll).ok());
+  EXPECT_EQ(b->steps(), 100);
+  EXPECT_EQ(b->replay_size(), a->replay_size());
+  RunSchedule(a.get(), 100, 100);
+  RunSchedule(b.get(), 100, 100);
+  BackendState sa, sb;
+  ASSERT_TRUE(a->SaveState(true, &sa).ok());
+  ASSERT_TRUE(b->SaveState(true, &sb).ok());
+  ExpectSameState(sa, sb);
+}
+
+TEST(CpuBackendTest, LoadStateRejectsWrongShapes) {
+  auto a = Make(TestConfig());
+  ASSERT_TRUE(a->Insert(RandomItems(a->spec(), 20, 5)).ok());
+  BackendState s;
+  ASSERT_TRUE(a->SaveState(true, &s).ok());
+  BackendState bad = s;
+  bad.adam_v.pop_back();
+  auto st = a->LoadState(bad, StateParts::kAll);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("adam_v"), std::string::npos) << st;
+  bad = s;
+  bad.replay.rows.actions[1] = 7;  // branch 1 has 2 actions
+  st = a->LoadState(bad, StateParts::kAll);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  bad = s;
+  bad.replay.priorities[3] = std::nanf("");
+  st = a->LoadState(bad, StateParts::kAll);
+  EXPECT_NE(st.message().find("priorities[3]"), std::string::npos) << st;
+}
+
+// A replay saved with another capacity keeps its newest items, oldest first.
+TEST(CpuBackendTest, LoadStateResizesTheReplay) {
+  v1::TrainerConfig big = TestConfig();
+  auto a = Make(big);
+  TransitionColumns items = RandomItems(a->spec(), 150, 9);  // wraps the 128 ring
+  ASSERT_TRUE(a->Insert(items).ok());
+  BackendState s;
+  ASSERT_TRUE(a->SaveState(true, &s).ok());
+  v1::TrainerConfig small = big;
+  small.mutable_replay()->set_capacity(50);
+  auto b = Make(small);
+  ASSERT_TRUE(b->LoadState(s, StateParts::kAll).ok());
+  EXPECT_EQ(b->replay_size(), 50);
+  BackendState t;
+  ASSERT_TRUE(b->SaveState(true, &t).ok());
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(t.replay.rows.rewards[i], items.rewards[100 + i]) << i;
+  EXPECT_EQ(t.replay.cursor, 0);
+}
+
+// kNetwork replaces weights and optimizer only: the replay and step count stay.
+TEST(CpuBackendTest, LoadNetworkKeepsReplayAndSteps) {
+  auto a = Make(TestConfig());
+  ASSERT_TRUE(a->Insert(RandomItems(a->spec(), 40, 5)).ok());
+  BackendState early;
+  ASSERT_TRUE(a->SaveState(false, &early).ok());
+  RunSchedule(a.get(), 0, 20);
+  ASSERT_TRUE(a->LoadState(early, StateParts::kNetwork).ok());
+  EXPECT_EQ(a->steps(), 20);
+  EXPECT_EQ(a->replay_size(), 40 + 9 * 3);
+  EXPECT_EQ(a->GetParams(), early.params);
+}
+
 }  // namespace
 }  // namespace qstream

@@ -144,6 +144,7 @@ class CpuBackend : public Backend {
   absl::Mutex stats_mu_;
   StepStats last_stats_ ABSL_GUARDED_BY(stats_mu_);
   std::vector<int64_t> guard_trips_ ABSL_GUARDED_BY(stats_mu_);  // index = GuardReason; [kNone] stays 0
+  int64_t consecutive_trips_ ABSL_GUARDED_BY(stats_mu_) = 0;
   std::vector<std::pair<double, int64_t>> step_times_ ABSL_GUARDED_BY(stats_mu_);
 };
 
@@ -237,17 +238,80 @@ void CpuBackend::RecordStats(int64_t t, float grad_norm, GuardReason guard, doub
   s.target_clip_fraction = result_.target_clip_fraction;
   s.guard = guard;
   absl::MutexLock lock(&stats_mu_);
+  if (guard != GuardReason::kNone) {
+    ++guard_trips_[static_cast<int>(guard)];
+    ++consecutive_trips_;
+  } else {
+    consecutive_trips_ = 0;
+  }
+  s.consecutive_trips = consecutive_trips_;
   last_stats_ = s;
-  if (guard != GuardReason::kNone) ++guard_trips_[static_cast<int>(guard)];
   if (step_times_.size() < kMaxUndrainedStepTimes) step_times_.emplace_back(seconds, 1);
 }
 
-absl::Status CpuBackend::SaveState(bool, BackendState*) {
-  return absl::UnimplementedError("SaveState");
+absl::Status CpuBackend::SaveState(bool include_replay, BackendState* out) {
+  absl::MutexLock lock(&mu_);
+  out->steps = steps_;
+  out->applied_updates = applied_updates_;
+  out->params.assign(params_.begin(), params_.end());
+  out->target.assign(target_.begin(), target_.end());
+  out->adam_m.assign(adam_m_.begin(), adam_m_.end());
+  out->adam_v.assign(adam_v_.begin(), adam_v_.end());
+  {
+    absl::MutexLock stats_lock(&stats_mu_);
+    out->guard_trips = guard_trips_;
+    out->consecutive_trips = consecutive_trips_;
+  }
+  out->has_replay = include_replay;
+  out->replay = ReplayState{};
+  if (include_replay) replay_.Save(&out->replay);
+  return absl::OkStatus();
 }
 
-absl::Status CpuBackend::LoadState(const BackendState&, StateParts) {
-  return absl::UnimplementedError("LoadState");
+absl::Status CpuBackend::LoadState(const BackendState& state, StateParts parts) {
+  const int64_t n = spec_.num_params;
+  for (const auto& [name, buf] : {std::pair<const char*, const std::vector<float>*>{"params", &state.params},
+                                  {"target", &state.target},
+                                  {"adam_m", &state.adam_m},
+                                  {"adam_v", &state.adam_v}}) {
+    if (static_cast<int64_t>(buf->size()) != n) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", buf->size(), " values, network has ", n));
+    }
+  }
+  if (state.applied_updates < 0 || state.steps < 0) {
+    return absl::InvalidArgumentError("steps/applied_updates: negative");
+  }
+  absl::MutexLock lock(&mu_);
+  if (parts == StateParts::kAll) {
+    if (state.has_replay) {
+      const ReplayState resized = ResizeReplayState(state.replay, replay_.capacity());
+      if (auto st = CheckReplayState(resized, spec_); !st.ok()) return st;
+      if (auto st = replay_.Load(resized); !st.ok()) return st;
+    } else {
+      ReplayState empty;
+      empty.capacity = replay_.capacity();
+      empty.rows.obs_dim = spec_.obs_dim;
+      empty.rows.num_branches = spec_.num_branches();
+      if (auto st = replay_.Load(empty); !st.ok()) return st;
+    }
+    steps_ = state.steps;
+    absl::MutexLock stats_lock(&stats_mu_);
+    guard_trips_ = state.guard_trips;
+    guard_trips_.resize(kNumGuardReasons, 0);
+    consecutive_trips_ = state.consecutive_trips;
+    last_stats_ = StepStats{};
+    last_stats_.step = state.steps;
+    last_stats_.consecutive_trips = state.consecutive_trips;
+  } else {
+    absl::MutexLock stats_lock(&stats_mu_);
+    consecutive_trips_ = 0;
+  }
+  params_ = ToAligned(state.params);
+  target_ = ToAligned(state.target);
+  adam_m_ = ToAligned(state.adam_m);
+  adam_v_ = ToAligned(state.adam_v);
+  applied_updates_ = state.applied_updates;
+  return absl::OkStatus();
 }
 
 }  // namespace

@@ -65,6 +65,55 @@ void PrioritizedReplay::UpdatePriorities(int batch, const int64_t* slots, const 
   }
 }
 
+void PrioritizedReplay::Save(ReplayState* out) const {
+  out->capacity = capacity_;
+  out->size = size_;
+  out->cursor = cursor_;
+  out->max_priority = max_priority_;
+  TransitionColumns& r = out->rows;
+  r.n = size_;
+  r.obs_dim = obs_dim_;
+  r.num_branches = num_branches_;
+  r.obs.assign(obs_.begin(), obs_.begin() + size_ * obs_dim_);
+  r.next_obs.assign(next_obs_.begin(), next_obs_.begin() + size_ * obs_dim_);
+  r.actions.assign(actions_.begin(), actions_.begin() + size_ * num_branches_);
+  r.rewards.assign(rewards_.begin(), rewards_.begin() + size_);
+  r.discounts.assign(discounts_.begin(), discounts_.begin() + size_);
+  out->priorities.resize(size_);
+  for (int64_t i = 0; i < size_; ++i) out->priorities[i] = tree_.Get(i);
+}
+
+absl::Status PrioritizedReplay::Load(const ReplayState& state) {
+  if (state.capacity != capacity_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replay.capacity: state has ", state.capacity, ", this replay ", capacity_));
+  }
+  if (state.size < 0 || state.size > capacity_ || state.cursor < 0 || state.cursor >= capacity_ ||
+      (state.size < capacity_ && state.cursor != state.size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replay: size ", state.size, " / cursor ", state.cursor, " do not fit capacity ", capacity_));
+  }
+  if (state.rows.n != state.size) {
+    return absl::InvalidArgumentError(absl::StrCat("replay.rows: ", state.rows.n, " rows, size ", state.size));
+  }
+  if (auto st = CheckShape(state.rows); !st.ok()) return st;
+  if (static_cast<int64_t>(state.priorities.size()) != state.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replay.priorities: ", state.priorities.size(), " values, size ", state.size));
+  }
+  const auto& r = state.rows;
+  std::copy(r.obs.begin(), r.obs.end(), obs_.begin());
+  std::copy(r.next_obs.begin(), r.next_obs.end(), next_obs_.begin());
+  std::copy(r.actions.begin(), r.actions.end(), actions_.begin());
+  std::copy(r.rewards.begin(), r.rewards.end(), rewards_.begin());
+  std::copy(r.discounts.begin(), r.discounts.end(), discounts_.begin());
+  tree_.Assign(state.priorities);
+  size_ = state.size;
+  cursor_ = state.cursor;
+  max_priority_ = state.max_priority;
+  return absl::OkStatus();
+}
+
 void PrioritizedReplay::SetPriority(int64_t slot, float priority) {
   tree_.Set(slot, priority);
   max_priority_ = std::max(max_priority_, priority);

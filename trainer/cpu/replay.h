@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "trainer/backend_state.h"
 #include "trainer/cpu/sum_tree.h"
 #include "trainer/transitions.h"
 
@@ -39,6 +40,12 @@ class PrioritizedReplay {
   // the largest b wins among duplicate slots; max_priority takes every p.
   void UpdatePriorities(int batch, const int64_t* slots, const float* item_loss, float epsilon, float alpha);
   void SetPriority(int64_t slot, float priority);
+
+  // The stored ring (rows [0, size), priorities, cursor, max priority).
+  void Save(ReplayState* out) const;
+  // Replaces the contents; `state` must have this capacity and shape
+  // (InvalidArgument naming the column otherwise).
+  absl::Status Load(const ReplayState& state);
 
   const float* obs(int64_t slot) const { return &obs_[slot * obs_dim_]; }
   const float* next_obs(int64_t slot) const { return &next_obs_[slot * obs_dim_]; }

@@ -1,5 +1,7 @@
 #include "trainer/cpu/sum_tree.h"
 
+#include <algorithm>
+
 namespace qstream::cpu {
 
 SumTree::SumTree(int64_t capacity) : capacity_(capacity), width_(1) {
@@ -13,6 +15,14 @@ void SumTree::Set(int64_t index, float priority) {
   int64_t node = width_ + index;
   nodes_[node] = priority;
   for (node /= 2; node >= 1; node /= 2) nodes_[node] = nodes_[2 * node] + nodes_[2 * node + 1];
+}
+
+void SumTree::Assign(const std::vector<float>& leaves) {
+  leaves_.assign(capacity_, 0.0f);
+  std::copy_n(leaves.begin(), std::min<int64_t>(capacity_, static_cast<int64_t>(leaves.size())), leaves_.begin());
+  std::fill(nodes_.begin(), nodes_.end(), 0.0);
+  for (int64_t i = 0; i < capacity_; ++i) nodes_[width_ + i] = leaves_[i];
+  for (int64_t node = width_ - 1; node >= 1; --node) nodes_[node] = nodes_[2 * node] + nodes_[2 * node + 1];
 }
 
 int64_t SumTree::Find(double u) const {

@@ -17,6 +17,9 @@ class SumTree {
 
   int64_t capacity() const { return capacity_; }
   void Set(int64_t index, float priority);
+  // Replaces every leaf (missing ones become 0) and rebuilds the sums: the
+  // same nodes, bit for bit, as setting the leaves one by one.
+  void Assign(const std::vector<float>& leaves);
   float Get(int64_t index) const { return leaves_[index]; }
   double total() const { return nodes_[1]; }
 

@@ -80,12 +80,6 @@ struct Activations {
   }
 };
 
-#define QS_RETURN_IF_ERROR(expr)            \
-  do {                                      \
-    ::absl::Status qs_status_ = (expr);     \
-    if (!qs_status_.ok()) return qs_status_; \
-  } while (0)
-
 class CudaBackend final : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<Backend>> Create(const v1::TrainerConfig& config);
@@ -670,6 +664,7 @@ void CudaBackend::HarvestStats() {
   latest_stats_.q_max = d.stats.q_max;
   latest_stats_.target_clip_fraction = d.stats.target_clip_fraction;
   latest_stats_.guard = static_cast<GuardReason>(d.stats.guard);
+  latest_stats_.consecutive_trips = d.consecutive_trips;
   for (int r = 0; r < kNumGuardReasons; ++r) latest_trips_[r] = d.guard_trips[r];
 }
 
@@ -721,12 +716,89 @@ absl::Status CudaBackend::ComputeQ(const float* obs, int64_t n, std::vector<floa
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::SaveState(bool, BackendState*) {
-  return absl::UnimplementedError("SaveState");
+absl::Status CudaBackend::SaveState(bool include_replay, BackendState* out) {
+  absl::MutexLock lock(&mu_);
+  if (!error_.ok()) return error_;
+  QS_RETURN_IF_ERROR(CloseWindow());
+  const size_t n = spec_.num_params;
+  out->params.resize(n);
+  out->target.resize(n);
+  out->adam_m.resize(n);
+  out->adam_v.resize(n);
+  kernels::DeviceState state;
+  cudaStream_t s = stream_.get();
+  QS_CUDA_CHECK(cudaMemcpyAsync(out->params.data(), params(), n * sizeof(float), cudaMemcpyDeviceToHost, s));
+  QS_CUDA_CHECK(cudaMemcpyAsync(out->target.data(), target(), n * sizeof(float), cudaMemcpyDeviceToHost, s));
+  QS_CUDA_CHECK(cudaMemcpyAsync(out->adam_m.data(), adam_m_.get(), n * sizeof(float), cudaMemcpyDeviceToHost, s));
+  QS_CUDA_CHECK(cudaMemcpyAsync(out->adam_v.data(), adam_v_.get(), n * sizeof(float), cudaMemcpyDeviceToHost, s));
+  QS_CUDA_CHECK(cudaMemcpyAsync(&state, state_.get(), sizeof(state), cudaMemcpyDeviceToHost, s));
+  QS_CUDA_CHECK(cudaStreamSynchronize(s));
+  out->steps = state.t;
+  out->applied_updates = state.adam_updates;
+  out->guard_trips.assign(state.guard_trips, state.guard_trips + kNumGuardReasons);
+  out->consecutive_trips = state.consecutive_trips;
+  out->has_replay = include_replay;
+  out->replay = ReplayState{};
+  if (include_replay) QS_RETURN_IF_ERROR(replay_->Save(&out->replay));
+  return absl::OkStatus();
 }
 
-absl::Status CudaBackend::LoadState(const BackendState&, StateParts) {
-  return absl::UnimplementedError("LoadState");
+absl::Status CudaBackend::LoadState(const BackendState& in, StateParts parts) {
+  const size_t n = spec_.num_params;
+  for (const auto& [name, buf] : {std::pair<const char*, const std::vector<float>*>{"params", &in.params},
+                                  {"target", &in.target},
+                                  {"adam_m", &in.adam_m},
+                                  {"adam_v", &in.adam_v}}) {
+    if (buf->size() != n) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", buf->size(), " values, network has ", n));
+    }
+  }
+  if (in.applied_updates < 0 || in.steps < 0) return absl::InvalidArgumentError("steps/applied_updates: negative");
+  absl::MutexLock lock(&mu_);
+  if (!error_.ok()) return error_;
+  QS_RETURN_IF_ERROR(CloseWindow());
+  cudaStream_t s = stream_.get();
+  QS_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (parts == StateParts::kAll) {
+    ReplayState replay;
+    if (in.has_replay) {
+      replay = ResizeReplayState(in.replay, replay_->capacity());
+      QS_RETURN_IF_ERROR(CheckReplayState(replay, spec_));
+    } else {
+      replay.capacity = replay_->capacity();
+      replay.rows.obs_dim = spec_.obs_dim;
+      replay.rows.num_branches = spec_.num_branches();
+    }
+    QS_RETURN_IF_ERROR(replay_->Load(replay));
+  }
+  kernels::DeviceState state;
+  QS_CUDA_CHECK(cudaMemcpyAsync(&state, state_.get(), sizeof(state), cudaMemcpyDeviceToHost, s));
+  QS_CUDA_CHECK(cudaStreamSynchronize(s));
+  state.adam_updates = in.applied_updates;
+  state.consecutive_trips = 0;
+  if (parts == StateParts::kAll) {
+    state.t = in.steps;
+    for (int r = 0; r < kNumGuardReasons; ++r) {
+      state.guard_trips[r] = r < static_cast<int>(in.guard_trips.size()) ? in.guard_trips[r] : 0;
+    }
+    state.consecutive_trips = in.consecutive_trips;
+    state.stats = kernels::DeviceStats{};
+    state.stats.step = in.steps;
+    steps_ = in.steps;
+    for (int r = 0; r < kNumGuardReasons; ++r) latest_trips_[r] = state.guard_trips[r];
+    latest_stats_ = StepStats{};
+    latest_stats_.step = in.steps;
+    latest_stats_.consecutive_trips = in.consecutive_trips;
+    stats_seq_.assign(kStatsSlots, -1);
+    latest_seq_ = -1;
+  }
+  QS_CUDA_CHECK(cudaMemcpyAsync(params(), in.params.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
+  QS_CUDA_CHECK(cudaMemcpyAsync(target(), in.target.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
+  QS_CUDA_CHECK(cudaMemcpyAsync(adam_m_.get(), in.adam_m.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
+  QS_CUDA_CHECK(cudaMemcpyAsync(adam_v_.get(), in.adam_v.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
+  QS_CUDA_CHECK(cudaMemcpyAsync(state_.get(), &state, sizeof(state), cudaMemcpyHostToDevice, s));
+  QS_CUDA_CHECK(cudaStreamSynchronize(s));
+  return absl::OkStatus();
 }
 
 }  // namespace

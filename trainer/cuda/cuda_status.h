@@ -30,3 +30,10 @@ inline absl::Status ToStatus(cublasStatus_t err, const char* expr, const char* f
     ::absl::Status qs_cuda_status_ = ::qstream::cuda::ToStatus((expr), #expr, __FILE__, __LINE__); \
     if (!qs_cuda_status_.ok()) return qs_cuda_status_;                                      \
   } while (0)
+
+// Returns the absl::Status of `expr` when it is not OK.
+#define QS_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::absl::Status qs_status_ = (expr);      \
+    if (!qs_status_.ok()) return qs_status_; \
+  } while (0)

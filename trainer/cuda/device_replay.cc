@@ -54,6 +54,79 @@ absl::Status DeviceReplay::Allocate() {
   return absl::OkStatus();
 }
 
+absl::Status DeviceReplay::Save(ReplayState* out) {
+  const int64_t n = size_;
+  const int d = obs_dim_;
+  const int nb = num_branches_;
+  out->capacity = capacity_;
+  out->size = n;
+  out->cursor = cursor_;
+  TransitionColumns& r = out->rows;
+  r.n = n;
+  r.obs_dim = d;
+  r.num_branches = nb;
+  r.obs.resize(n * d);
+  r.next_obs.resize(n * d);
+  r.actions.resize(n * nb);
+  r.rewards.resize(n);
+  r.discounts.resize(n);
+  out->priorities.resize(n);
+  auto get = [&](void* dst, const void* src, size_t bytes) -> absl::Status {
+    if (bytes > 0) QS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    return absl::OkStatus();
+  };
+  QS_RETURN_IF_ERROR(get(r.obs.data(), obs_.get(), sizeof(float) * n * d));
+  QS_RETURN_IF_ERROR(get(r.next_obs.data(), next_obs_.get(), sizeof(float) * n * d));
+  QS_RETURN_IF_ERROR(get(r.actions.data(), actions_.get(), sizeof(int32_t) * n * nb));
+  QS_RETURN_IF_ERROR(get(r.rewards.data(), rewards_.get(), sizeof(float) * n));
+  QS_RETURN_IF_ERROR(get(r.discounts.data(), discounts_.get(), sizeof(float) * n));
+  QS_RETURN_IF_ERROR(get(out->priorities.data(), priorities_.get(), sizeof(float) * n));
+  kernels::DeviceState state;
+  QS_RETURN_IF_ERROR(get(&state, state_, sizeof(state)));
+  QS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  out->max_priority = state.max_priority;
+  return absl::OkStatus();
+}
+
+absl::Status DeviceReplay::Load(const ReplayState& in) {
+  if (in.capacity != capacity_) {
+    return absl::InvalidArgumentError(absl::StrCat("replay.capacity: state has ", in.capacity, ", this replay ",
+                                                   capacity_));
+  }
+  const int64_t n = in.size;
+  const int d = obs_dim_;
+  const int nb = num_branches_;
+  const auto& r = in.rows;
+  // Stream order: nothing before (a step, an upload) still reads these buffers.
+  QS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  auto put = [&](void* dst, const void* src, size_t bytes) -> absl::Status {
+    if (bytes > 0) QS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    return absl::OkStatus();
+  };
+  QS_CUDA_CHECK(cudaMemsetAsync(priorities_.get(), 0, sizeof(float) * capacity_, stream_));
+  QS_RETURN_IF_ERROR(put(obs_.get(), r.obs.data(), sizeof(float) * n * d));
+  QS_RETURN_IF_ERROR(put(next_obs_.get(), r.next_obs.data(), sizeof(float) * n * d));
+  QS_RETURN_IF_ERROR(put(actions_.get(), r.actions.data(), sizeof(int32_t) * n * nb));
+  QS_RETURN_IF_ERROR(put(rewards_.get(), r.rewards.data(), sizeof(float) * n));
+  QS_RETURN_IF_ERROR(put(discounts_.get(), r.discounts.data(), sizeof(float) * n));
+  QS_RETURN_IF_ERROR(put(priorities_.get(), in.priorities.data(), sizeof(float) * n));
+  kernels::DeviceState state;
+  QS_RETURN_IF_ERROR(
+      [&]() -> absl::Status {
+        QS_CUDA_CHECK(cudaMemcpyAsync(&state, state_, sizeof(state), cudaMemcpyDeviceToHost, stream_));
+        QS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        return absl::OkStatus();
+      }());
+  state.replay_size = n;
+  state.replay_cursor = in.cursor;
+  state.max_priority = in.max_priority;
+  QS_RETURN_IF_ERROR(put(state_, &state, sizeof(state)));
+  QS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  size_ = n;
+  cursor_ = in.cursor;
+  return absl::OkStatus();
+}
+
 kernels::ReplayColumns DeviceReplay::columns() const {
   kernels::ReplayColumns c;
   c.obs = obs_.get();

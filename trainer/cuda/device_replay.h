@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/views.h"
+#include "trainer/backend_state.h"
 #include "trainer/cuda/device_memory.h"
 #include "trainer/network_spec.h"
 #include "trainer/transitions.h"
@@ -33,6 +34,13 @@ class DeviceReplay {
   // Appends at max priority, overwriting the oldest items. Returns before
   // the copy finishes; waits only when both staging buffers are in flight.
   absl::Status Insert(const TransitionColumns& batch);
+
+  // Copies rows [0, size), priorities, cursor and max priority to the host;
+  // waits for the stream.
+  absl::Status Save(ReplayState* out);
+  // Replaces the contents (`state` has this capacity and passed
+  // CheckReplayState) and the size/cursor/max priority in DeviceState; waits.
+  absl::Status Load(const ReplayState& state);
 
   int64_t size() const { return size_; }
   int64_t capacity() const { return capacity_; }
