@@ -10,6 +10,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates curl
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libeigen3-dev libgtest-dev libgmock-dev
+  libisal-dev nlohmann-json3-dev
   python3 python3-pip python3-venv
   prometheus-pushgateway
 )
@@ -33,9 +34,9 @@ fi
 # them (container images that only build the daemon).
 if [ "${QSTREAM_SKIP_PIP:-0}" = "1" ]; then exit 0; fi
 PY=${PYTHON:-python3}
-PIP_PACKAGES=(grpcio grpcio-tools numpy gymnasium pytest)
+PIP_PACKAGES=(grpcio grpcio-tools numpy gymnasium pytest safetensors==0.4.5)
 need_pip=0
-for m in grpc grpc_tools numpy gymnasium pytest; do
+for m in grpc grpc_tools numpy gymnasium pytest safetensors; do
   if ! "$PY" -c "import $m" >/dev/null 2>&1; then need_pip=1; fi
 done
 if [ $need_pip -eq 1 ]; then

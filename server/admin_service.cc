@@ -1,6 +1,8 @@
 #include "server/admin_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "server/grpc_status.h"
+#include "trainer/checkpoint.h"
 #include "qstream/version.h"
 
 namespace qstream {
@@ -41,6 +43,10 @@ v1::StatusResponse BuildStatus(const LearnerStatus& s, const IngestCounters& cou
   r.set_policy_version(s.policy_version);
   r.set_paused(s.paused);
   *r.mutable_config() = config;
+  r.set_halted(s.halted);
+  r.set_halt_reason(s.halt_reason);
+  r.set_guard_rollbacks(s.guard_rollbacks);
+  r.set_last_checkpoint_step(s.checkpoints.last_step);
   return r;
 }
 
@@ -59,16 +65,32 @@ grpc::ServerUnaryReactor* AdminService::Checkpoint(grpc::CallbackServerContext* 
                                                    const v1::CheckpointRequest* request,
                                                    v1::CheckpointResponse* response) {
   auto* reactor = context->DefaultReactor();
-  if (request->path().empty()) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "path: must not be empty"));
+  if (!request->name().empty()) {
+    if (absl::Status st = ValidateCheckpointName(request->name()); !st.ok()) {
+      reactor->Finish(ToGrpcStatus(st));
+      return reactor;
+    }
+  }
+  if (!learner_->status().checkpoints_enabled) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                 "checkpoints are not enabled: qstreamd runs without --checkpoint_dir"));
     return reactor;
   }
-  const absl::Status status = learner_->Checkpoint(request->path());
-  if (status.ok()) {
-    response->set_path(request->path());
-    response->set_learner_steps(learner_->status().steps);
-  }
-  reactor->Finish(ToGrpcStatus(status));
+  // Answers once the write is done; the writer thread finishes the call.
+  learner_->RequestCheckpoint(request->name(), [reactor, response](const absl::StatusOr<CheckpointWriteResult>& r) {
+    if (!r.ok()) {
+      // The full error (with host paths) is in the daemon's log only.
+      reactor->Finish(grpc::Status(ToGrpcStatus(r.status()).error_code(),
+                                   absl::StrCat("checkpoint failed (", absl::StatusCodeToString(r.status().code()),
+                                                "); the daemon log has the details")));
+      return;
+    }
+    response->set_name(r->name);
+    response->set_learner_steps(r->learner_step);
+    response->set_bytes(r->bytes);
+    response->set_seconds(r->seconds);
+    reactor->Finish(grpc::Status::OK);
+  });
   return reactor;
 }
 

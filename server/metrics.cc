@@ -84,6 +84,24 @@ Metrics::Metrics(const MetricsOptions& options, Learner* learner, const IngestCo
                      .Help("Policy versions an accepted batch was acted with behind the current one")
                      .Register(r)
                      .Add({}, std::vector<double>(kPolicyLagBuckets.begin(), kPolicyLagBuckets.end()));
+  checkpoint_seconds_ = &Gauge(r, "qstream_checkpoint_seconds", "Background write time of the newest checkpoint");
+  checkpoint_snapshot_seconds_ = &Gauge(r, "qstream_checkpoint_snapshot_seconds",
+                                        "Learner-thread snapshot time of the newest checkpoint (training stalls this long)");
+  checkpoint_bytes_ = &Gauge(r, "qstream_checkpoint_bytes", "Size of the newest checkpoint");
+  checkpoint_last_step_ =
+      &Gauge(r, "qstream_checkpoint_last_step", "Learner step of the newest checkpoint written (-1: none yet)");
+  checkpoint_last_timestamp_ = &Gauge(r, "qstream_checkpoint_last_timestamp_seconds",
+                                      "Unix time the newest checkpoint was completed (0: none yet)");
+  checkpoints_written_ = &Counter(r, "qstream_checkpoints_written_total", "Checkpoints written");
+  checkpoint_failures_ = &prometheus::BuildCounter()
+                              .Name("qstream_checkpoint_failures_total")
+                              .Help("Checkpoints that failed, by reason (snapshot, write, prune)")
+                              .Register(r);
+  for (const char* reason : {"snapshot", "write", "prune"}) checkpoint_failures_->Add({{"reason", reason}});
+  checkpoint_last_step_->Set(-1);
+  guard_rollbacks_ = &Counter(r, "qstream_guard_rollbacks_total",
+                              "Rollbacks to the newest good checkpoint after repeated guard trips");
+  learner_halted_ = &Gauge(r, "qstream_learner_halted", "1 while the guard has halted the learner");
 }
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& options, Learner* learner,
@@ -134,6 +152,16 @@ void Metrics::Stop() {
 }
 
 void Metrics::Run() {
+  {
+    // Counters start at 0 in every process: a restored learner's totals are
+    // the baseline, not an increment.
+    const LearnerStatus s = learner_->status();
+    absl::MutexLock lock(&mu_);
+    seen_steps_ = s.steps;
+    for (size_t i = 0; i < s.guard_trips.size() && i < seen_guard_trips_.size(); ++i) {
+      seen_guard_trips_[i] = s.guard_trips[i];
+    }
+  }
   absl::Time next_push = absl::Now() + options_.push_interval;
   while (!stop_.WaitForNotificationWithTimeout(options_.poll_interval)) {
     Poll();
@@ -205,6 +233,26 @@ void Metrics::Poll() {
   if (lag_changed) policy_lag_->ObserveMultiple(lag_increments, lag.sum - seen_lag_.sum);
   seen_lag_ = lag;
 
+  const CheckpointerStats& c = s.checkpoints;
+  if (c.written > seen_checkpoints_) {
+    checkpoints_written_->Increment(static_cast<double>(c.written - seen_checkpoints_));
+    seen_checkpoints_ = c.written;
+    checkpoint_seconds_->Set(c.last_write_seconds);
+    checkpoint_snapshot_seconds_->Set(c.last_snapshot_seconds);
+    checkpoint_bytes_->Set(static_cast<double>(c.last_bytes));
+    checkpoint_last_step_->Set(static_cast<double>(c.last_step));
+    checkpoint_last_timestamp_->Set(static_cast<double>(c.last_unix_seconds));
+  }
+  for (const auto& [reason, total] : c.failures) {
+    int64_t& seen = seen_checkpoint_failures_[reason];
+    if (total > seen) checkpoint_failures_->Add({{"reason", reason}}).Increment(static_cast<double>(total - seen));
+    seen = std::max(seen, total);
+  }
+  if (s.guard_rollbacks > seen_rollbacks_) {
+    guard_rollbacks_->Increment(static_cast<double>(s.guard_rollbacks - seen_rollbacks_));
+    seen_rollbacks_ = s.guard_rollbacks;
+  }
+  learner_halted_->Set(s.halted ? 1 : 0);
   replay_size_->Set(static_cast<double>(s.replay_size));
   replay_capacity_->Set(static_cast<double>(s.replay_capacity));
   q_min_->Set(s.last_stats.q_min);

@@ -99,6 +99,15 @@ class Metrics {
   prometheus::Gauge* actor_streams_;
   prometheus::Gauge* samples_per_insert_;
   prometheus::Histogram* policy_lag_;
+  prometheus::Gauge* checkpoint_seconds_;
+  prometheus::Gauge* checkpoint_snapshot_seconds_;
+  prometheus::Gauge* checkpoint_bytes_;
+  prometheus::Gauge* checkpoint_last_step_;
+  prometheus::Gauge* checkpoint_last_timestamp_;
+  prometheus::Counter* checkpoints_written_;
+  prometheus::Family<prometheus::Counter>* checkpoint_failures_;
+  prometheus::Counter* guard_rollbacks_;
+  prometheus::Gauge* learner_halted_;
 
   // Totals already exported, to turn the sources' running totals into
   // counter increments. Touched by Poll only.
@@ -108,6 +117,9 @@ class Metrics {
   std::vector<int64_t> seen_guard_trips_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> seen_rejected_ ABSL_GUARDED_BY(mu_);
   PolicyLagCounts seen_lag_ ABSL_GUARDED_BY(mu_);
+  int64_t seen_checkpoints_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int64_t> seen_checkpoint_failures_ ABSL_GUARDED_BY(mu_);
+  int64_t seen_rollbacks_ ABSL_GUARDED_BY(mu_) = 0;
   double recent_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
 
   absl::Notification stop_;

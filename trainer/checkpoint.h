@@ -43,6 +43,7 @@ struct CheckpointData {
 
 struct CheckpointWriteResult {
   std::string name;
+  int64_t learner_step = 0;
   std::string dir;  // host path (for logs, never for RPC clients)
   uint64_t bytes = 0;
   double seconds = 0;

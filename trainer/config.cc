@@ -82,6 +82,16 @@ absl::Status ValidateConfig(const v1::TrainerConfig& c) {
   if (s.publish_every() < 1) return Bad("server.publish_every", "must be >= 1");
   if (s.stats_every() < 1) return Bad("server.stats_every", "must be >= 1");
   if (s.max_streams() < 1) return Bad("server.max_streams", "must be >= 1");
+  if (!Finite(s.stream_resume_seconds()) || s.stream_resume_seconds() < 0)
+    return Bad("server.stream_resume_seconds", "must be >= 0");
+  if (s.max_sessions() < 1) return Bad("server.max_sessions", "must be >= 1");
+  if (!Finite(s.session_ttl_seconds()) || s.session_ttl_seconds() < s.stream_resume_seconds())
+    return Bad("server.session_ttl_seconds", "must be >= server.stream_resume_seconds");
+  if (g.max_consecutive_trips() < 0) return Bad("guard.max_consecutive_trips", "must be >= 0");
+  const auto& k = c.checkpoint();
+  if (k.every_steps() < 0) return Bad("checkpoint.every_steps", "must be >= 0");
+  if (!Finite(k.every_seconds()) || k.every_seconds() < 0) return Bad("checkpoint.every_seconds", "must be >= 0");
+  if (k.keep() < 1) return Bad("checkpoint.keep", "must be >= 1");
   return absl::OkStatus();
 }
 

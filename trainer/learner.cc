@@ -1,9 +1,19 @@
 #include "trainer/learner.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
-#include <fstream>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "qstream/version.h"
 #include "trainer/config.h"
 #include "trainer/cpu/forward.h"
 
@@ -61,7 +71,24 @@ Learner::Learner(const v1::TrainerConfig& config, std::unique_ptr<Backend> backe
   status_.guard_trips.assign(kNumGuardReasons, 0);
 }
 
-Learner::~Learner() { Stop(); }
+Learner::~Learner() {
+  Stop();
+  if (policy_version_fd_ >= 0) close(policy_version_fd_);
+}
+
+namespace {
+
+constexpr char kPolicyVersionFile[] = ".policy_version";
+
+// The high-water mark left by an earlier process (-1 when none).
+int64_t ReadPolicyVersionMark(int fd) {
+  char buf[32] = {};
+  const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+  if (n <= 0) return -1;
+  return std::strtoll(buf, nullptr, 10);
+}
+
+}  // namespace
 
 void Learner::Start() {
   absl::MutexLock lock(&mu_);
@@ -80,7 +107,19 @@ void Learner::Stop() {
     thread = std::move(thread_);
   }
   if (thread.joinable()) thread.join();
-  if (started) return;
+  if (started) {
+    // Checkpoint requests the thread did not reach: WriteFinalCheckpoint may
+    // still write the final state, but these callers learn now.
+    std::deque<CheckpointRequest> requests;
+    {
+      absl::MutexLock lock(&mu_);
+      requests.swap(checkpoint_requests_);
+    }
+    for (CheckpointRequest& r : requests) {
+      if (r.done) r.done(absl::UnavailableError("the learner stopped before the checkpoint was taken"));
+    }
+    return;
+  }
   // Never started: nobody else touches the backend, insert what was queued here.
   std::deque<Pending> batches;
   {
@@ -110,9 +149,293 @@ void Learner::Pause() {
 }
 
 void Learner::Resume() {
-  absl::MutexLock lock(&mu_);
-  paused_ = false;
+  bool was_halted;
+  {
+    absl::MutexLock lock(&mu_);
+    paused_ = false;
+    was_halted = halted_;
+    halted_ = false;
+    status_.halted = false;
+    status_.halt_reason.clear();
+    rollback_step_ = -1;
+  }
+  if (was_halted && halt_listener_) halt_listener_(false);
 }
+
+void Learner::SetHaltListener(HaltListener listener) { halt_listener_ = std::move(listener); }
+
+void Learner::EnableCheckpoints(const std::string& root, SnapshotHook hook) {
+  checkpointer_ = std::make_unique<Checkpointer>(root, config_.checkpoint().keep());
+  snapshot_hook_ = std::move(hook);
+  std::error_code ec;
+  std::filesystem::create_directories(root, ec);
+  chmod(root.c_str(), 0700);
+  const std::string mark = root + "/" + kPolicyVersionFile;
+  policy_version_fd_ = open(mark.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (policy_version_fd_ < 0) {
+    std::fprintf(stderr, "qstreamd: %s: %s (policy versions restart from the checkpoint's)\n", mark.c_str(),
+                 std::strerror(errno));
+  }
+  absl::MutexLock lock(&mu_);
+  status_.checkpoints_enabled = true;
+  if (config_.checkpoint().every_seconds() > 0) {
+    next_checkpoint_time_ = absl::Now() + absl::Seconds(config_.checkpoint().every_seconds());
+  }
+}
+
+absl::Status Learner::Restore(const CheckpointData& data) {
+  const v1::CheckpointManifest& m = data.manifest;
+  std::vector<std::string> differences;
+  if (absl::Status st = CheckCompatible(m.config(), config_, &differences); !st.ok()) return st;
+  for (const std::string& d : differences) std::fprintf(stderr, "qstreamd: restore: config differs: %s\n", d.c_str());
+  if (absl::Status st = backend_->LoadState(data.state, StateParts::kAll); !st.ok()) return st;
+  const bool replay = data.state.has_replay;
+  limiter_.Restore(replay ? m.rate_limiter().inserts() : 0, replay ? m.rate_limiter().samples() : 0);
+  {
+    absl::MutexLock lock(&mu_);
+    status_.steps = backend_->steps();
+    status_.replay_size = backend_->replay_size();
+    status_.transitions_inserted = m.transitions_inserted();
+    status_.guard_trips = data.state.guard_trips;
+    status_.guard_trips.resize(kNumGuardReasons, 0);
+    status_.last_stats = StepStats{};
+    status_.last_stats.step = data.state.steps;
+    checkpoint_step_ = data.state.steps;
+    checkpoint_inserts_ = status_.batches_inserted;
+    if (data.state.consecutive_trips == 0) {
+      auto good = std::make_shared<GoodNetwork>();
+      good->step = data.state.steps;
+      good->state = data.state;
+      good->state.has_replay = false;
+      good->state.replay = ReplayState{};
+      good_network_ = std::move(good);
+    }
+  }
+  refreshed_at_step_ = -1;
+  int64_t version = m.policy_version();
+  if (policy_version_fd_ >= 0) version = std::max(version, ReadPolicyVersionMark(policy_version_fd_));
+  PublishVersion(version + 1);
+  return absl::OkStatus();
+}
+
+void Learner::RequestCheckpoint(const std::string& name, CheckpointDone done) {
+  if (checkpointer_ == nullptr) {
+    if (done) done(absl::FailedPreconditionError("checkpoints are not enabled (qstreamd --checkpoint_dir)"));
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stop_) {
+      checkpoint_requests_.push_back(CheckpointRequest{name, std::move(done)});
+      return;
+    }
+  }
+  if (done) done(absl::UnavailableError("the learner is stopping"));
+}
+
+absl::StatusOr<CheckpointData> Learner::Snapshot() {
+  const auto start = std::chrono::steady_clock::now();
+  CheckpointData data;
+  if (absl::Status st = backend_->SaveState(config_.checkpoint().include_replay(), &data.state); !st.ok()) {
+    return st;
+  }
+  const BackendState& b = data.state;
+  v1::CheckpointManifest& m = data.manifest;
+  m.set_format_version(kCheckpointFormatVersion);
+  m.set_learner_step(b.steps);
+  m.set_optimizer_step(b.applied_updates);
+  m.mutable_rng()->set_algorithm("splitmix64-counter (trainer/rng.h)");
+  m.mutable_rng()->set_seed(config_.seed());
+  m.mutable_rng()->set_counter(static_cast<uint64_t>(b.steps));
+  *m.mutable_config() = config_;
+  auto* replay = m.mutable_replay();
+  replay->set_included(b.has_replay);
+  replay->set_capacity(b.has_replay ? b.replay.capacity : backend_->replay_capacity());
+  replay->set_size(b.has_replay ? b.replay.size : 0);
+  replay->set_cursor(b.has_replay ? b.replay.cursor : 0);
+  replay->set_max_priority(b.has_replay ? b.replay.max_priority : 1.0f);
+  m.mutable_rate_limiter()->set_inserts(limiter_.inserts());
+  m.mutable_rate_limiter()->set_samples(limiter_.samples());
+  for (int64_t t : b.guard_trips) m.mutable_guard()->add_trips(t);
+  m.mutable_guard()->set_consecutive_trips(b.consecutive_trips);
+  m.set_created_by(absl::StrCat("qstreamd ", QSTREAM_VERSION, " (", QSTREAM_GIT_COMMIT, ")"));
+  m.set_backend(backend_->name());
+  m.set_created_unix_seconds(absl::ToUnixSeconds(absl::Now()));
+  {
+    absl::MutexLock lock(&mu_);
+    m.set_policy_version(policy_ ? policy_->version : 0);
+    m.set_transitions_inserted(status_.transitions_inserted);
+  }
+  if (snapshot_hook_) snapshot_hook_(&m);
+  (void)start;
+  return data;
+}
+
+bool Learner::CheckpointDueLocked(int64_t steps, absl::Time now) const {
+  if (checkpointer_ == nullptr || writing_checkpoint_) return false;
+  if (!checkpoint_requests_.empty()) return true;
+  const bool changed = steps != checkpoint_step_ || status_.batches_inserted != checkpoint_inserts_;
+  if (!changed) return false;
+  const int64_t every = config_.checkpoint().every_steps();
+  if (every > 0 && steps / every > std::max<int64_t>(checkpoint_step_, 0) / every) return true;
+  return now >= next_checkpoint_time_;
+}
+
+void Learner::MaybeCheckpoint(int64_t steps) {
+  if (checkpointer_ == nullptr) return;
+  CheckpointRequest request;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    if (!CheckpointDueLocked(steps, now)) {
+      // Nothing new: the time trigger starts over.
+      if (!writing_checkpoint_ && now >= next_checkpoint_time_ && config_.checkpoint().every_seconds() > 0) {
+        next_checkpoint_time_ = now + absl::Seconds(config_.checkpoint().every_seconds());
+      }
+      return;
+    }
+    if (!checkpoint_requests_.empty()) {
+      request = std::move(checkpoint_requests_.front());
+      checkpoint_requests_.pop_front();
+    }
+    writing_checkpoint_ = true;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<CheckpointData> data = Snapshot();
+  const double snapshot_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!data.ok()) {
+    checkpointer_->RecordSnapshotFailure(data.status());
+    std::fprintf(stderr, "qstreamd: checkpoint snapshot failed: %s\n", data.status().ToString().c_str());
+    {
+      absl::MutexLock lock(&mu_);
+      writing_checkpoint_ = false;
+      if (config_.checkpoint().every_seconds() > 0) {
+        next_checkpoint_time_ = absl::Now() + absl::Seconds(config_.checkpoint().every_seconds());
+      }
+    }
+    if (request.done) request.done(data.status());
+    return;
+  }
+  const int64_t step = data->state.steps;
+  const bool good = data->state.consecutive_trips == 0;
+  std::shared_ptr<GoodNetwork> network;
+  if (good) {
+    network = std::make_shared<GoodNetwork>();
+    network->step = step;
+    network->state.steps = step;
+    network->state.applied_updates = data->state.applied_updates;
+    network->state.params = data->state.params;
+    network->state.target = data->state.target;
+    network->state.adam_m = data->state.adam_m;
+    network->state.adam_v = data->state.adam_v;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    checkpoint_step_ = step;
+    checkpoint_inserts_ = status_.batches_inserted;
+    if (config_.checkpoint().every_seconds() > 0) {
+      next_checkpoint_time_ = absl::Now() + absl::Seconds(config_.checkpoint().every_seconds());
+    }
+  }
+  const std::string name = request.name.empty() ? AutoCheckpointName(step) : request.name;
+  checkpointer_->Write(name, *std::move(data), snapshot_seconds,
+                       [this, network, done = std::move(request.done)](
+                           const absl::StatusOr<CheckpointWriteResult>& result) {
+                         {
+                           absl::MutexLock lock(&mu_);
+                           writing_checkpoint_ = false;
+                           if (result.ok() && network != nullptr) good_network_ = network;
+                         }
+                         if (done) done(result);
+                       });
+}
+
+absl::Status Learner::WriteFinalCheckpoint() {
+  if (checkpointer_ == nullptr) return absl::OkStatus();
+  checkpointer_->WaitIdle();
+  std::deque<CheckpointRequest> requests;
+  {
+    absl::MutexLock lock(&mu_);
+    requests.swap(checkpoint_requests_);
+  }
+  for (CheckpointRequest& r : requests) {
+    if (r.done) r.done(absl::UnavailableError("the learner stopped before the checkpoint was taken"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (running_) return absl::FailedPreconditionError("WriteFinalCheckpoint: the learner is running");
+    if (backend_->steps() == checkpoint_step_ && status_.batches_inserted == checkpoint_inserts_) {
+      return absl::OkStatus();  // the newest checkpoint already holds this state
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<CheckpointData> data = Snapshot();
+  if (!data.ok()) {
+    checkpointer_->RecordSnapshotFailure(data.status());
+    return data.status();
+  }
+  const double snapshot_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t step = data->state.steps;
+  absl::Status written;
+  checkpointer_->Write(AutoCheckpointName(step), *std::move(data), snapshot_seconds,
+                       [&written](const absl::StatusOr<CheckpointWriteResult>& r) { written = r.status(); });
+  checkpointer_->WaitIdle();
+  absl::MutexLock lock(&mu_);
+  if (written.ok()) {
+    checkpoint_step_ = step;
+    checkpoint_inserts_ = status_.batches_inserted;
+  }
+  return written;
+}
+
+void Learner::HandleRepeatedTrips(const StepStats& stats, int64_t steps) {
+  const int max_trips = config_.guard().max_consecutive_trips();
+  if (max_trips <= 0 || stats.consecutive_trips < max_trips) return;
+  const bool rollback_wanted = config_.guard().on_repeated_trips() == v1::GuardConfig::ROLLBACK;
+  std::shared_ptr<const GoodNetwork> good;
+  std::string why;
+  {
+    absl::MutexLock lock(&mu_);
+    if (halted_) return;
+    const int64_t run_start = stats.step - stats.consecutive_trips;
+    const bool tripping_since_rollback = rollback_step_ >= 0 && run_start <= rollback_step_;
+    if (rollback_wanted && !tripping_since_rollback && good_network_ != nullptr &&
+        good_network_->step <= run_start) {
+      good = good_network_;
+    } else {
+      why = absl::StrCat("guard: ", stats.consecutive_trips, " consecutive tripped steps (last reason ",
+                         GuardReasonName(stats.guard), ")",
+                         !rollback_wanted           ? ""
+                         : tripping_since_rollback ? "; still tripping after a rollback"
+                                                   : "; no checkpoint from before the trips to roll back to");
+    }
+  }
+  if (good != nullptr) {
+    absl::Status st = backend_->LoadState(good->state, StateParts::kNetwork);
+    if (st.ok()) {
+      std::fprintf(stderr, "qstreamd: guard: %lld consecutive tripped steps; rolled back to the network of step %lld\n",
+                   static_cast<long long>(stats.consecutive_trips), static_cast<long long>(good->step));
+      {
+        absl::MutexLock lock(&mu_);
+        rollback_step_ = steps;
+        status_.guard_rollbacks += 1;
+      }
+      Publish();
+      return;
+    }
+    why = absl::StrCat("guard: rollback failed: ", st.ToString());
+  }
+  std::fprintf(stderr, "qstreamd: learner halted: %s\n", why.c_str());
+  {
+    absl::MutexLock lock(&mu_);
+    halted_ = true;
+    paused_ = true;
+    status_.halted = true;
+    status_.halt_reason = why;
+  }
+  if (halt_listener_) halt_listener_(true);
+}
+
 
 LearnerStatus Learner::status() const {
   LearnerStatus s;
@@ -125,6 +448,7 @@ LearnerStatus Learner::status() const {
   }
   s.rate_limiter_inserts = limiter_.inserts();
   s.rate_limiter_samples = limiter_.samples();
+  if (checkpointer_ != nullptr) s.checkpoints = checkpointer_->stats();
   return s;
 }
 
@@ -163,39 +487,31 @@ absl::Status Learner::ComputeQ(const float* obs, int64_t n, std::vector<float>* 
   return absl::OkStatus();
 }
 
-absl::Status Learner::Checkpoint(const std::string& path) {
-  std::shared_ptr<const PolicySnapshot> snapshot = policy();
-  v1::Policy proto;
-  proto.set_version(snapshot->version);
-  proto.set_learner_steps(snapshot->learner_steps);
-  *proto.mutable_architecture() = snapshot->spec.ToArchitecture();
-  proto.mutable_weights()->Add(snapshot->params.begin(), snapshot->params.end());
-  // Write then rename, so a reader never sees a half-written checkpoint.
-  const std::string tmp = absl::StrCat(path, ".tmp");
+void Learner::Publish() {
+  int64_t version;
   {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::UnavailableError(absl::StrCat("checkpoint: cannot open ", tmp));
-    if (!proto.SerializeToOstream(&out)) {
-      return absl::DataLossError(absl::StrCat("checkpoint: serializing to ", tmp, " failed"));
-    }
-    out.close();
-    if (!out) return absl::DataLossError(absl::StrCat("checkpoint: writing ", tmp, " failed"));
+    absl::MutexLock lock(&mu_);
+    version = policy_ == nullptr ? 0 : policy_->version + 1;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::UnavailableError(absl::StrCat("checkpoint: cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
+  PublishVersion(version);
 }
 
-void Learner::Publish() {
+void Learner::PublishVersion(int64_t version) {
   auto snapshot = std::make_shared<PolicySnapshot>();
   snapshot->learner_steps = backend_->steps();
   snapshot->spec = backend_->spec();
   snapshot->params = backend_->GetParams();
+  snapshot->version = version;
+  if (policy_version_fd_ >= 0) {
+    // Fixed width, so a shorter number never leaves digits of a longer one.
+    char buf[24];
+    const int n = std::snprintf(buf, sizeof(buf), "%020lld\n", static_cast<long long>(version));
+    if (pwrite(policy_version_fd_, buf, n, 0) != n) {
+      std::fprintf(stderr, "qstreamd: writing the policy version mark: %s\n", std::strerror(errno));
+    }
+  }
   {
     absl::MutexLock lock(&mu_);
-    snapshot->version = policy_ == nullptr ? 0 : policy_->version + 1;
     policy_ = snapshot;
     status_.policy_version = snapshot->version;
   }
@@ -230,10 +546,13 @@ void Learner::RefreshStats(int64_t steps) {
   std::vector<int64_t> trips = backend_->guard_trips();
   std::vector<std::pair<double, int64_t>> times;
   backend_->DrainStepTimes(&times);
-  absl::MutexLock lock(&mu_);
-  status_.last_stats = stats;
-  status_.guard_trips = std::move(trips);
-  AppendStepTimes(&step_times_, times);
+  {
+    absl::MutexLock lock(&mu_);
+    status_.last_stats = stats;
+    status_.guard_trips = std::move(trips);
+    AppendStepTimes(&step_times_, times);
+  }
+  HandleRepeatedTrips(stats, steps);
 }
 
 void Learner::Run() {
@@ -244,6 +563,7 @@ void Learner::Run() {
   int64_t replay_size = backend_->replay_size();
 
   for (;;) {
+    MaybeCheckpoint(steps);
     std::deque<Pending> batches;
     bool stopping = false;
     bool step = false;
@@ -255,15 +575,24 @@ void Learner::Run() {
       // Only this thread changes the limiter, so its answers hold while we wait.
       const bool can_sample = replay_size > 0 && limiter_.CanSample(batch_size);
       const bool can_insert = limiter_.CanInsert();
+      const bool timed_checkpoints = checkpointer_ != nullptr && config_.checkpoint().every_seconds() > 0;
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || (!pending_.empty() && can_insert) || (!paused_ && can_sample);
+        return stop_ || (!pending_.empty() && can_insert) || (!paused_ && can_sample) ||
+               (!writing_checkpoint_ && !checkpoint_requests_.empty()) ||
+               (timed_checkpoints && !writing_checkpoint_ && absl::Now() >= next_checkpoint_time_);
       };
       status_.sample_blocked = !paused_ && !can_sample;
       status_.insert_blocked = !pending_.empty() && !can_insert;
       if (!ready()) {
         // Going idle: first let status() show the latest step (outside the lock).
         refresh_before_waiting = steps != refreshed_at_step_;
-        if (!refresh_before_waiting) mu_.Await(absl::Condition(&ready));
+        if (!refresh_before_waiting) {
+          if (timed_checkpoints) {
+            mu_.AwaitWithDeadline(absl::Condition(&ready), next_checkpoint_time_);
+          } else {
+            mu_.Await(absl::Condition(&ready));
+          }
+        }
       }
       if (!refresh_before_waiting) {
         if (stop_) {

@@ -6,7 +6,19 @@
 // runs the batch's callback. Callers that wait for the callback before
 // reading more data get backpressure without dropping anything.
 // Every publish_every steps the online parameters are published as a
-// PolicySnapshot (version = 1, 2, ...; version 0 is the initial weights).
+// PolicySnapshot (version = 1, 2, ...; version 0 is the initial weights; a
+// restore publishes the checkpoint's version + 1).
+//
+// Checkpoints (EnableCheckpoints): every checkpoint.every_steps steps and/or
+// every_seconds, on RequestCheckpoint, and once more after Stop
+// (WriteFinalCheckpoint). The snapshot is taken on the learner thread
+// between steps and inserts (Backend::SaveState plus the snapshot hook), so
+// replay and ingest sessions are one consistent cut; a background
+// Checkpointer writes it.
+//
+// Guard: after guard.max_consecutive_trips tripped steps in a row the
+// learner rolls back to the network of the newest checkpoint written before
+// the trips began, or halts (guard.on_repeated_trips; see config.proto).
 #pragma once
 
 #include <atomic>
@@ -27,6 +39,8 @@
 #include "absl/time/time.h"
 #include "qstream/v1/config.pb.h"
 #include "trainer/backend.h"
+#include "trainer/checkpoint.h"
+#include "trainer/checkpointer.h"
 #include "trainer/rate_limiter.h"
 #include "trainer/transitions.h"
 
@@ -59,12 +73,21 @@ struct LearnerStatus {
   int64_t policy_version = 0;
   // Last failed backend step ("" when none); a failed step pauses the learner.
   std::string last_error;
+  // Halted by the guard (no steps until Resume); why.
+  bool halted = false;
+  std::string halt_reason;
+  int64_t guard_rollbacks = 0;
+  bool checkpoints_enabled = false;
+  CheckpointerStats checkpoints;
 };
 
 class Learner {
  public:
   using InsertDone = std::function<void(absl::Status status, int64_t replay_size)>;
   using PolicyListener = std::function<void(std::shared_ptr<const PolicySnapshot>)>;
+  using SnapshotHook = std::function<void(v1::CheckpointManifest*)>;
+  using CheckpointDone = std::function<void(const absl::StatusOr<CheckpointWriteResult>&)>;
+  using HaltListener = std::function<void(bool halted)>;
 
   static absl::StatusOr<std::unique_ptr<Learner>> Create(const v1::TrainerConfig& config,
                                                          std::unique_ptr<Backend> backend);
@@ -75,13 +98,36 @@ class Learner {
   // lost), then their callbacks run. Idempotent.
   void Stop();
 
+  // Before Start: checkpoints under `root` as config.checkpoint says. `hook`
+  // adds the state kept above the learner (ingest sessions) to every
+  // snapshot; it runs on the learner thread, never between an insert and
+  // that batch's callback.
+  void EnableCheckpoints(const std::string& root, SnapshotHook hook);
+  // Before Start: continue from `data` (the backend state, counters, policy
+  // version + 1, rate limiter). FailedPrecondition when the network shape
+  // differs from this learner's config; other differing fields are logged.
+  absl::Status Restore(const CheckpointData& data);
+  // Queues a checkpoint named `name` ("" = ckpt-<step>, pruned by
+  // checkpoint.keep; named ones are kept); `done` runs on the writer thread
+  // once it is on disk or failed. Works while paused. FailedPrecondition
+  // (via done) when checkpoints are not enabled or the learner stopped.
+  void RequestCheckpoint(const std::string& name, CheckpointDone done);
+  // After Stop(): writes the final state (on the calling thread, waits),
+  // unless the newest checkpoint already holds it. OK without checkpoints.
+  absl::Status WriteFinalCheckpoint();
+  // Runs (on the thread that changes it) when the guard halts the learner
+  // or Resume clears the halt.
+  void SetHaltListener(HaltListener listener);
+
   // Queues a batch; `done` runs once it is in the replay (OK) or when the
   // learner is stopped before it could be (Cancelled). Runs on the learner
-  // thread or inside Enqueue/Stop; it must not block or call back into Learner.
+  // thread or inside Enqueue/Stop, outside the learner's locks; it must not
+  // block (it may Enqueue again).
   void Enqueue(TransitionColumns batch, InsertDone done);
 
   // Pause returns once no step is in flight; not to be called from a listener.
   void Pause();
+  // Also clears a guard halt.
   void Resume();
 
   LearnerStatus status() const;
@@ -99,9 +145,6 @@ class Learner {
   // Online Q-values of the latest snapshot (CPU forward; thread-safe).
   absl::Status ComputeQ(const float* obs, int64_t n, std::vector<float>* q) const;
 
-  // Writes the latest snapshot as a binary qstream.v1.Policy to `path`.
-  absl::Status Checkpoint(const std::string& path);
-
   const v1::TrainerConfig& config() const { return config_; }
 
  private:
@@ -114,6 +157,25 @@ class Learner {
   // Copies the backend's statistics and step-time windows into
   // status_/step_times_, unless already done at this step count.
   void RefreshStats(int64_t steps) ABSL_LOCKS_EXCLUDED(mu_);
+  // Snapshot of everything a checkpoint holds (learner thread, or any
+  // thread once stopped).
+  absl::StatusOr<CheckpointData> Snapshot() ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes and hands over a checkpoint when one is requested or due.
+  void MaybeCheckpoint(int64_t steps) ABSL_LOCKS_EXCLUDED(mu_);
+  bool CheckpointDueLocked(int64_t steps, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Acts on a run of guard trips (rollback or halt).
+  void HandleRepeatedTrips(const StepStats& stats, int64_t steps) ABSL_LOCKS_EXCLUDED(mu_);
+  void PublishVersion(int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct CheckpointRequest {
+    std::string name;
+    CheckpointDone done;
+  };
+  // The network part of the newest good checkpoint, for a guard rollback.
+  struct GoodNetwork {
+    int64_t step = -1;
+    BackendState state;  // no replay
+  };
 
   const v1::TrainerConfig config_;
   std::unique_ptr<Backend> backend_;  // touched only by the learner thread once started
@@ -138,6 +200,22 @@ class Learner {
   std::map<int64_t, PolicyListener> listeners_ ABSL_GUARDED_BY(listener_mu_);
   int64_t next_listener_id_ ABSL_GUARDED_BY(listener_mu_) = 1;
   std::vector<std::pair<double, int64_t>> step_times_ ABSL_GUARDED_BY(mu_);
+
+  std::unique_ptr<Checkpointer> checkpointer_;  // set before Start, then const
+  // <root>/.policy_version: the highest version published, rewritten (no
+  // fsync) at every publish, so a restore after kill -9 continues above every
+  // version an actor may have seen, not only above the checkpoint's.
+  int policy_version_fd_ = -1;
+  SnapshotHook snapshot_hook_;
+  std::deque<CheckpointRequest> checkpoint_requests_ ABSL_GUARDED_BY(mu_);
+  bool writing_checkpoint_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t checkpoint_step_ ABSL_GUARDED_BY(mu_) = -1;         // step of the newest snapshot handed over
+  int64_t checkpoint_inserts_ ABSL_GUARDED_BY(mu_) = -1;      // batches_inserted at that snapshot
+  absl::Time next_checkpoint_time_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::shared_ptr<const GoodNetwork> good_network_ ABSL_GUARDED_BY(mu_);
+  int64_t rollback_step_ ABSL_GUARDED_BY(mu_) = -1;  // step of the last rollback
+  bool halted_ ABSL_GUARDED_BY(mu_) = false;
+  HaltListener halt_listener_;
   std::thread thread_;
 };
 

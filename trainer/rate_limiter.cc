@@ -23,6 +23,12 @@ bool RateLimiter::CanSampleLocked(int64_t k) const {
   return diff - static_cast<double>(k) >= min_diff_;
 }
 
+void RateLimiter::Restore(int64_t inserts, int64_t samples) {
+  absl::MutexLock lock(&mu_);
+  inserts_ = inserts;
+  samples_ = samples;
+}
+
 bool RateLimiter::CanInsert() const {
   absl::MutexLock lock(&mu_);
   return CanInsertLocked();

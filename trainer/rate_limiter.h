@@ -32,6 +32,8 @@ class RateLimiter {
 
   void Inserted(int64_t n) ABSL_LOCKS_EXCLUDED(mu_);  // n items entered the replay
   void Sampled(int64_t k) ABSL_LOCKS_EXCLUDED(mu_);   // k items were sampled
+  // Sets the running totals (a restore continues the ratio where it was).
+  void Restore(int64_t inserts, int64_t samples) ABSL_LOCKS_EXCLUDED(mu_);
   // Wakes every waiter with CancelledError; later awaits fail at once.
   void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -131,6 +131,52 @@ TEST_P(StepVsCpuTest, TwentyStepsMatchCpuBackend) {
 INSTANTIATE_TEST_SUITE_P(Precision, StepVsCpuTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Tf32" : "ExactFp32"; });
 
+// A checkpointed state moves between backends: the CPU state after 10 steps
+// loaded into a fresh CUDA backend, and the CUDA state saved and loaded into
+// another CUDA backend, both continue like the CPU backend (fp32 tolerance);
+// the CUDA copy continues bitwise like its original. The saved replay
+// (rows, priorities, cursor, max priority) equals the CPU's exactly.
+TEST(CudaBackend, SaveLoadStateContinuesLikeCpu) {
+  QS_SKIP_WITHOUT_GPU();
+  const double tol = 1e-5;
+  const v1::TrainerConfig c = TestConfig(/*tf32=*/false);
+  auto cpu = MustCreate(c, false);
+  auto gpu = MustCreate(c, true);
+  ASSERT_TRUE(cpu && gpu);
+  Fill(cpu.get(), c);
+  Fill(gpu.get(), c);
+  for (int step = 0; step < 10; ++step) {
+    ASSERT_TRUE(cpu->Step().ok());
+    ASSERT_TRUE(gpu->Step().ok());
+  }
+  BackendState cpu_state, gpu_state;
+  ASSERT_TRUE(cpu->SaveState(true, &cpu_state).ok());
+  ASSERT_TRUE(gpu->SaveState(true, &gpu_state).ok());
+  EXPECT_EQ(gpu_state.steps, 10);
+  EXPECT_EQ(gpu_state.applied_updates, cpu_state.applied_updates);
+  EXPECT_EQ(gpu_state.replay.size, cpu_state.replay.size);
+  EXPECT_EQ(gpu_state.replay.cursor, cpu_state.replay.cursor);
+  EXPECT_EQ(gpu_state.replay.rows.obs, cpu_state.replay.rows.obs);
+  EXPECT_EQ(gpu_state.replay.rows.actions, cpu_state.replay.rows.actions);
+  EXPECT_LE(RelError(gpu_state.replay.priorities, cpu_state.replay.priorities), 10 * tol);
+  EXPECT_LE(RelError(gpu_state.adam_v, cpu_state.adam_v), 10 * tol);
+
+  auto from_cpu = MustCreate(c, true);
+  auto from_gpu = MustCreate(c, true);
+  ASSERT_TRUE(from_cpu->LoadState(cpu_state, StateParts::kAll).ok());
+  ASSERT_TRUE(from_gpu->LoadState(gpu_state, StateParts::kAll).ok());
+  EXPECT_EQ(from_cpu->steps(), 10);
+  EXPECT_EQ(from_gpu->replay_size(), gpu->replay_size());
+  for (int step = 0; step < 10; ++step) {
+    for (Backend* b : {cpu.get(), gpu.get(), from_cpu.get(), from_gpu.get()}) ASSERT_TRUE(b->Step().ok());
+  }
+  const std::vector<float> want = cpu->GetParams();
+  EXPECT_LE(RelError(from_cpu->GetParams(), want), tol);
+  EXPECT_LE(RelError(from_gpu->GetParams(), want), tol);
+  EXPECT_EQ(from_gpu->GetParams(), gpu->GetParams()) << "same device, same state: bitwise";
+  EXPECT_EQ(SyncedStats(from_gpu.get()).step, 20);
+}
+
 TEST(CudaBackend, TwoRunsBitwiseEqual) {
   QS_SKIP_WITHOUT_GPU();
   const v1::TrainerConfig c = TestConfig(/*tf32=*/true);
