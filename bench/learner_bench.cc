@@ -150,7 +150,9 @@ TransitionColumns RandomTransitions(const NetworkSpec& spec, int64_t n, float di
   return t;
 }
 
-absl::Status Fill(Backend* backend, int64_t count, float discount, uint64_t seed) {
+}  // namespace
+
+absl::Status FillReplay(Backend* backend, int64_t count, float discount, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const auto start = std::chrono::steady_clock::now();
   int64_t next_report = kFillProgressEvery;
@@ -167,6 +169,8 @@ absl::Status Fill(Backend* backend, int64_t count, float discount, uint64_t seed
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 struct Timing {
   double us_per_step = 0;
@@ -240,7 +244,7 @@ absl::Status RunCase(const Flags& flags, const std::string& config_name, int bat
   const float discount = std::pow(config->returns().gamma(), config->returns().n_step());
   std::fprintf(stderr, "qstream-bench learner: config=%s batch=%d backend=%s (%s): filling %lld transitions\n",
                config_name.c_str(), batch, b->name().c_str(), b->device().c_str(), static_cast<long long>(fill));
-  if (absl::Status s = Fill(b, fill, discount, flags.seed); !s.ok()) return s;
+  if (absl::Status s = FillReplay(b, fill, discount, flags.seed); !s.ok()) return s;
 
   const int64_t steps = flags.steps > 0 ? flags.steps : (cpu ? kCpuDefaultSteps : kCudaDefaultSteps);
   const int64_t warmup = flags.warmup >= 0 ? flags.warmup : std::max<int64_t>(1, steps / 5);

@@ -11,8 +11,9 @@ void Usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s learner [--config=small,h200] [--batch=64,256] [--backend=auto|cpu|cuda]\n"
                "                  [--steps=N] [--repeats=R] [--warmup=W] [--fill=N] [--peak_tflops=T] [--peak_gbps=G]\n"
-               "       %s ingest [flags]   (see `%s ingest --help`)\n",
-               argv0, argv0, argv0);
+               "       %s ingest [flags]   (see `%s ingest --help`)\n"
+               "       %s checkpoint [--config=h200] [--backend=auto|cpu|cuda] [--rows=1000000] [--dir=D] [--repeats=3]\n",
+               argv0, argv0, argv0, argv0);
 }
 
 }  // namespace
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   // Subcommands see their own name as argv[0].
   if (std::strcmp(argv[1], "learner") == 0) return qstream::bench::RunLearnerBench(argc - 1, argv + 1);
   if (std::strcmp(argv[1], "ingest") == 0) return qstream::bench::RunIngestBench(argc - 1, argv + 1);
+  if (std::strcmp(argv[1], "checkpoint") == 0) return qstream::bench::RunCheckpointBench(argc - 1, argv + 1);
   std::fprintf(stderr, "qstream-bench: unknown subcommand '%s'\n", argv[1]);
   Usage(argv[0]);
   return 2;
