@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -11,6 +13,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "qstream/version.h"
 
@@ -33,6 +36,9 @@ std::string Hostname() {
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   if (auto st = ValidateConfig(options.config); !st.ok()) return st;
+  if (options.restore == "latest" && options.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError("--restore=latest: needs --checkpoint_dir");
+  }
   auto spec = NetworkSpec::Create(options.config.network());
   if (!spec.ok()) return spec.status();
   auto backend = CreateBackend(options.config, options.backend);
@@ -42,10 +48,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   std::unique_ptr<Daemon> d(new Daemon(options));
   d->learner_ = std::move(*learner);
+  if (!options.checkpoint_dir.empty()) {
+    Daemon* raw = d.get();
+    // The ingest sessions are part of every snapshot (consistent with the replay).
+    d->learner_->EnableCheckpoints(options.checkpoint_dir, [raw](v1::CheckpointManifest* manifest) {
+      if (raw->sessions_) raw->sessions_->Save(manifest->mutable_ingest());
+    });
+  }
   auto metrics = Metrics::Create(options.metrics, d->learner_.get(), &d->counters_);
   if (!metrics.ok()) return metrics.status();
   d->metrics_ = std::move(*metrics);
-  d->experience_ = std::make_unique<ExperienceService>(d->learner_.get(), *spec, &d->counters_);
+  d->sessions_ = std::make_unique<IngestSessions>(d->learner_.get(), *spec, options.config, &d->counters_);
+  d->sessions_->Start();
+  d->experience_ = std::make_unique<ExperienceService>(d->learner_.get(), *spec, &d->counters_, d->sessions_.get());
   d->policy_ = std::make_unique<PolicyService>(d->learner_.get());
   d->admin_ = std::make_unique<AdminService>(d->learner_.get(), &d->counters_, d->metrics_.get());
 
@@ -65,6 +80,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   auto* health = d->server_->GetHealthCheckService();
   health->SetServingStatus(false);
+  if (!options.restore.empty()) {
+    if (absl::Status st = d->Restore(); !st.ok()) {
+      d->write_final_checkpoint_ = false;  // never write over what could not be read
+      d->Shutdown(absl::ZeroDuration());
+      return st;
+    }
+  }
+  d->learner_->SetHaltListener([health](bool halted) { health->SetServingStatus(!halted); });
   d->learner_->Start();
   d->metrics_->Start(absl::StrCat(Hostname(), ":", d->grpc_port_));
   health->SetServingStatus(true);
@@ -94,9 +117,55 @@ void Daemon::Shutdown(absl::Duration deadline) {
   });
   server_down.WaitForNotificationWithTimeout(deadline + absl::Seconds(1));
   learner_->Stop();
+  sessions_->Stop();
+  if (absl::Status st = write_final_checkpoint_ ? learner_->WriteFinalCheckpoint() : absl::OkStatus(); !st.ok()) {
+    std::fprintf(stderr, "qstreamd: final checkpoint failed: %s\n", st.ToString().c_str());
+  }
   shutdown_thread.join();
   server_->Wait();
   metrics_->Stop();
+}
+
+absl::Status Daemon::Restore() {
+  const auto start = absl::Now();
+  absl::StatusOr<CheckpointData> data;
+  std::string dir;
+  if (options_.restore == "latest") {
+    std::vector<std::string> refused;
+    data = ReadLatestCheckpoint(options_.checkpoint_dir, options_.config, &refused, &dir);
+    for (const std::string& r : refused) std::fprintf(stderr, "qstreamd: restore: refused %s\n", r.c_str());
+    if (absl::IsNotFound(data.status()) && refused.empty()) {
+      std::fprintf(stderr, "qstreamd: restore: no checkpoint under %s, starting fresh\n",
+                   options_.checkpoint_dir.c_str());
+      return absl::OkStatus();
+    }
+    if (!data.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("--restore=latest: no usable checkpoint under ",
+                                                        options_.checkpoint_dir, " (", refused.size(),
+                                                        " refused): ", data.status().message()));
+    }
+  } else {
+    dir = options_.restore;
+    data = ReadCheckpoint(dir);
+    if (!data.ok()) return absl::Status(data.status().code(), absl::StrCat("--restore=", dir, ": ", data.status().message()));
+  }
+  if (absl::Status st = learner_->Restore(*data); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("restore ", dir, ": ", st.message()));
+  }
+  if (sessions_) {
+    if (absl::Status st = sessions_->Restore(data->manifest.ingest()); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("restore ", dir, ": ingest sessions: ", st.message()));
+    }
+  }
+  restored_from_ = dir;
+  const LearnerStatus s = learner_->status();
+  std::fprintf(stderr,
+               "qstreamd: restored %s: learner step %lld, policy v%lld, replay %lld transitions, %d ingest "
+               "sessions, in %.2f s\n",
+               dir.c_str(), static_cast<long long>(s.steps), static_cast<long long>(s.policy_version),
+               static_cast<long long>(s.replay_size), data->manifest.ingest().sessions_size(),
+               absl::ToDoubleSeconds(absl::Now() - start));
+  return absl::OkStatus();
 }
 
 std::string Daemon::grpc_address() const { return absl::StrCat(AddressHost(options_.listen), ":", grpc_port_); }

@@ -14,6 +14,7 @@
 #include "server/admin_service.h"
 #include "server/experience_service.h"
 #include "server/ingest_counters.h"
+#include "server/ingest_sessions.h"
 #include "server/metrics.h"
 #include "server/policy_service.h"
 #include "trainer/backends/backend_factory.h"
@@ -27,19 +28,27 @@ struct DaemonOptions {
   // gRPC address, host:port; port 0 picks a free port.
   std::string listen = "127.0.0.1:50051";
   MetricsOptions metrics;
+  // Checkpoint root (README "Checkpoints"); empty: no checkpoints.
+  std::string checkpoint_dir;
+  // "" starts fresh; "latest" restores the newest good checkpoint under
+  // checkpoint_dir (fresh when it holds none); anything else is a checkpoint
+  // directory to restore.
+  std::string restore;
 };
 
 class Daemon {
  public:
-  // Creates the backend and learner, binds the ports, starts the learner and
-  // the metrics thread, then reports SERVING on grpc.health.v1.Health.
+  // Creates the backend and learner, binds the ports (health NOT_SERVING),
+  // restores a checkpoint when asked, starts the learner and the metrics
+  // thread, then reports SERVING on grpc.health.v1.Health.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
   ~Daemon();  // Shutdown(0) when not shut down yet
 
   // NOT_SERVING; every actor stream ends once its batch in flight is acked
   // (idle ones and policy watchers at once); calls still open after
   // `deadline` are cancelled; then the learner stops (pending batches are
-  // inserted) and the metrics stop after a last poll and push. Idempotent.
+  // inserted), a final checkpoint is written (with --checkpoint_dir) and the
+  // metrics stop after a last poll and push. Idempotent.
   void Shutdown(absl::Duration deadline);
 
   int grpc_port() const { return grpc_port_; }
@@ -49,6 +58,8 @@ class Daemon {
   std::string metrics_address() const;
   // The one start-up log line: version, backend, device, config, ports.
   std::string StartupLine() const;
+  // "" or the checkpoint directory the daemon restored from.
+  const std::string& restored_from() const { return restored_from_; }
 
   Learner* learner() { return learner_.get(); }
   const Metrics& metrics() const { return *metrics_; }
@@ -56,17 +67,22 @@ class Daemon {
 
  private:
   explicit Daemon(const DaemonOptions& options) : options_(options) {}
+  // Loads options_.restore into the learner and the ingest sessions.
+  absl::Status Restore();
 
   const DaemonOptions options_;
   IngestCounters counters_;
   std::unique_ptr<Learner> learner_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<IngestSessions> sessions_;
   std::unique_ptr<ExperienceService> experience_;
   std::unique_ptr<PolicyService> policy_;
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<grpc::Server> server_;
   int grpc_port_ = 0;
   bool shut_down_ = false;
+  std::string restored_from_;
+  bool write_final_checkpoint_ = true;
 };
 
 // The host part of a host:port address ("[::1]:5" -> "[::1]").

@@ -1,52 +1,79 @@
 #include "server/experience_service.h"
 
 #include <algorithm>
-#include <optional>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/batch_columns.h"
-#include "server/nstep.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "server/validate.h"
 
 namespace qstream {
 
 namespace {
 
+using Reactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
+
 // Ends a stream that exceeds server.max_streams before reading anything.
-class RejectReactor final : public grpc::ServerBidiReactor<v1::TransitionBatch, v1::Ack> {
+class RejectReactor final : public Reactor {
  public:
   explicit RejectReactor(grpc::Status status) { Finish(std::move(status)); }
   void OnDone() override { delete this; }
 };
 
+// The status a stream ends with when its batch (or flush) could not be
+// inserted: a stopped learner reads as the daemon going away.
+grpc::Status NotInserted(const absl::Status& status, const std::string& what) {
+  const auto code = absl::IsCancelled(status) ? grpc::StatusCode::UNAVAILABLE
+                                              : static_cast<grpc::StatusCode>(status.code());
+  return grpc::Status(code, absl::StrCat(what, " not inserted: ", status.message()));
+}
+
 }  // namespace
 
-class ExperienceService::StreamReactor final : public grpc::ServerBidiReactor<v1::TransitionBatch, v1::Ack> {
+// Owns itself (self_) from Begin until OnDone; the session's callbacks hold
+// it too, so an outcome arriving on the learner thread never finds it gone.
+class ExperienceService::StreamReactor final : public Reactor,
+                                               public std::enable_shared_from_this<StreamReactor> {
  public:
   StreamReactor(ExperienceService* service, grpc::CallbackServerContext* context)
-      : service_(service),
-        context_(context),
-        assembler_(service->spec_, service->config_.returns().n_step(), service->config_.returns().gamma(),
-                   service->config_.server().max_batch_transitions()) {
-    StartRead(&batch_);
+      : service_(service), context_(context) {}
+
+  void Begin() {
+    self_ = shared_from_this();
+    StartRead(&request_);
   }
 
   // Called by BeginShutdown with the service's registry locked.
   void Drain() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     draining_ = true;
-    if (!busy_) context_->TryCancel();
+    if (!busy_ && !finished_) context_->TryCancel();
   }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // the actor closed its side (or the call was cancelled)
-      Finish(grpc::Status::OK);
-      return;
-    }
+  void OnCancel() override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+  }
+
+  void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
+    bool cancelled;
     {
       absl::MutexLock lock(&mu_);
+      if (finished_) return;  // superseded while the read was pending
       busy_ = true;
+      cancelled = cancelled_ || context_->IsCancelled();
+    }
+    if (!ok) {
+      OnClosed(cancelled);
+      return;
+    }
+    const size_t bytes = request_.Length();
+    if (!grpc::SerializationTraits<v1::TransitionBatch>::Deserialize(&request_, &batch_).ok()) {
+      End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                       absl::StrCat("TransitionBatch: message does not parse (", bytes, " bytes)")));
+      return;
     }
     ack_.Clear();
     ack_.set_sequence(batch_.sequence());
@@ -55,70 +82,115 @@ class ExperienceService::StreamReactor final : public grpc::ServerBidiReactor<v1
       Reject(*error);
       return;
     }
-    if (!IsNew()) {  // a resend of an acknowledged batch: ack again, insert nothing
-      WriteAck(0);
+    if (session_ == nullptr) {
+      stream_id_ = batch_.stream_id();
+      session_ = service_->sessions_->Attach(stream_id_, [weak = weak_from_this()] {
+        if (auto self = weak.lock()) self->OnSuperseded();
+      });
+    } else if (batch_.stream_id() != stream_id_) {
+      Reject(BatchError{v1::Error::INVALID_FIELD, "stream_id",
+                        absl::StrCat("stream_id: \"", batch_.stream_id(), "\" differs from \"", stream_id_,
+                                     "\" that this stream started with")});
       return;
     }
-    TransitionColumns columns;
-    if (batch_.kind() == v1::TransitionBatch::KIND_STEP) {
-      columns = EmptyColumns(service_->spec_);
-      if (auto error = assembler_.Add(batch_, &columns)) {
-        Reject(*error);
-        return;
-      }
-    } else {
-      columns = ColumnsFromNStepBatch(batch_, service_->spec_);
-    }
-    Commit();
-    if (columns.n == 0) {  // every step waits in its n-step window
-      WriteAck(0);
-      return;
-    }
-    const int64_t n = columns.n;
     const int64_t lag = std::max<int64_t>(
         0, service_->policy_version_.load(std::memory_order_relaxed) - batch_.policy_version());
-    // Nothing below may touch `this`: the callback may finish (and delete)
-    // the reactor on the learner thread before Enqueue returns.
-    service_->learner_->Enqueue(std::move(columns), [this, n, lag](absl::Status status, int64_t replay_size) {
-      OnInserted(status, n, lag, replay_size);
+    service_->sessions_->Submit(session_, batch_, [self = shared_from_this(), lag](IngestOutcome outcome) {
+      self->OnOutcome(std::move(outcome), lag);
     });
   }
 
-  void OnWriteDone(bool ok) override {
+  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "ack could not be written"));
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "ack could not be written"));
       return;
     }
-    bool draining;
+    grpc::Status end;
     {
       absl::MutexLock lock(&mu_);
       busy_ = false;
-      draining = draining_;
+      if (finished_) return;
+      if (superseded_) {
+        end = Superseded();
+      } else if (draining_) {
+        end = grpc::Status(grpc::StatusCode::UNAVAILABLE, "qstreamd is shutting down");
+      } else {
+        StartRead(&request_);  // under mu_: a takeover cannot Finish in between
+        return;
+      }
     }
-    if (draining) {
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "qstreamd is shutting down"));
-      return;
-    }
-    StartRead(&batch_);
+    End(end);
   }
 
   void OnDone() override {
     service_->Unregister(this);
     service_->counters_->CloseStream();
-    delete this;
+    std::shared_ptr<StreamReactor> last = std::move(self_);  // may delete this on return
   }
 
  private:
-  // Runs on the learner thread (or inside Enqueue when the learner stopped).
-  void OnInserted(const absl::Status& status, int64_t n, int64_t lag, int64_t replay_size) {
-    if (!status.ok()) {
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          absl::StrCat("batch ", ack_.sequence(), " not inserted: ", status.message())));
+  // Another stream attached to this stream_id (runs on its thread).
+  void OnSuperseded() ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      superseded_ = true;
+      if (finished_ || busy_) return;  // OnWriteDone ends it after the batch in flight
+      finished_ = true;
+    }
+    Finish(Superseded());
+  }
+
+  grpc::Status Superseded() const {
+    return grpc::Status(grpc::StatusCode::ABORTED,
+                        absl::StrCat("stream_id ", stream_id_, " was taken over by a newer stream"));
+  }
+
+  // The read side ended: a half-close flushes the session's windows and ends
+  // with OK once they are in the replay; a cancelled call keeps them for a
+  // reconnect.
+  void OnClosed(bool cancelled) {
+    if (session_ == nullptr) {
+      FinishOnce(cancelled ? grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled") : grpc::Status::OK);
       return;
     }
-    service_->replay_size_.store(replay_size, std::memory_order_relaxed);
-    service_->counters_->Accepted(n, lag);
-    WriteAck(n);
+    if (cancelled) {
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      detached_ = true;
+    }
+    service_->sessions_->Detach(session_, /*clean=*/true, [self = shared_from_this()](IngestOutcome outcome) {
+      bool superseded;
+      {
+        absl::MutexLock lock(&self->mu_);
+        superseded = self->superseded_;
+      }
+      if (superseded) {
+        self->FinishOnce(self->Superseded());
+      } else if (!outcome.status.ok()) {
+        self->FinishOnce(NotInserted(outcome.status, "n-step windows flushed at half-close"));
+      } else {
+        self->FinishOnce(grpc::Status::OK);
+      }
+    });
+  }
+
+  // Runs inline in Submit or on the learner thread.
+  void OnOutcome(IngestOutcome outcome, int64_t lag) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (!outcome.status.ok()) {
+      End(NotInserted(outcome.status, absl::StrCat("batch ", ack_.sequence())));
+      return;
+    }
+    service_->replay_size_.store(outcome.replay_size, std::memory_order_relaxed);
+    if (outcome.error) {
+      Reject(*outcome.error);
+      return;
+    }
+    if (!outcome.duplicate && outcome.accepted > 0) service_->counters_->Accepted(outcome.accepted, lag);
+    ack_.set_duplicate(outcome.duplicate);
+    WriteAck(outcome.accepted);
   }
 
   void Reject(const BatchError& error) {
@@ -127,39 +199,70 @@ class ExperienceService::StreamReactor final : public grpc::ServerBidiReactor<v1
     WriteAck(0);
   }
 
-  void WriteAck(int64_t accepted) {
+  void WriteAck(int64_t accepted) ABSL_LOCKS_EXCLUDED(mu_) {
     ack_.set_accepted(static_cast<uint32_t>(accepted));
     ack_.set_replay_size(service_->replay_size_.load(std::memory_order_relaxed));
     ack_.set_policy_version(service_->policy_version_.load(std::memory_order_relaxed));
-    StartWrite(&ack_);
-  }
-
-  bool IsNew() const {
-    if (!batch_.stream_id().empty()) return service_->IsNewSequence(batch_.stream_id(), batch_.sequence());
-    return !last_sequence_.has_value() || batch_.sequence() > *last_sequence_;
-  }
-
-  void Commit() {
-    if (!batch_.stream_id().empty()) {
-      service_->CommitSequence(batch_.stream_id(), batch_.sequence());
-    } else {
-      last_sequence_ = batch_.sequence();
+    bool own_buffer;
+    response_.Clear();
+    if (!grpc::SerializationTraits<v1::Ack>::Serialize(ack_, &response_, &own_buffer).ok()) {
+      End(grpc::Status(grpc::StatusCode::INTERNAL, "ack could not be serialized"));
+      return;
     }
+    absl::MutexLock lock(&mu_);
+    if (!finished_) StartWrite(&response_);
+  }
+
+  // Ends the stream without a flush: the session stays for a reconnect.
+  void End(grpc::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
+    bool detach = false;
+    {
+      absl::MutexLock lock(&mu_);
+      detach = session_ != nullptr && !detached_;
+      detached_ = true;
+    }
+    if (detach) service_->sessions_->Detach(session_, /*clean=*/false, [](IngestOutcome) {});
+    FinishOnce(std::move(status));
+  }
+
+  void FinishOnce(grpc::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(std::move(status));
   }
 
   ExperienceService* const service_;
   grpc::CallbackServerContext* const context_;
+  std::shared_ptr<StreamReactor> self_;
+
   absl::Mutex mu_;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // from a read's completion until its ack is written
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  NStepAssembler assembler_;
-  std::optional<uint64_t> last_sequence_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool superseded_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool detached_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Touched only by the reaction in progress (one at a time: a read, its
+  // outcome, its write), set at the first valid batch.
+  std::shared_ptr<IngestSession> session_;
+  std::string stream_id_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
   v1::TransitionBatch batch_;
   v1::Ack ack_;
 };
 
-ExperienceService::ExperienceService(Learner* learner, NetworkSpec spec, IngestCounters* counters)
-    : learner_(learner), spec_(std::move(spec)), config_(learner->config()), counters_(counters) {
+ExperienceService::ExperienceService(Learner* learner, NetworkSpec spec, IngestCounters* counters,
+                                     IngestSessions* sessions)
+    : learner_(learner),
+      spec_(std::move(spec)),
+      config_(learner->config()),
+      counters_(counters),
+      sessions_(sessions) {
   listener_id_ = learner_->AddPolicyListener([this](std::shared_ptr<const PolicySnapshot> snapshot) {
     policy_version_.store(snapshot->version, std::memory_order_relaxed);
   });
@@ -169,7 +272,7 @@ ExperienceService::ExperienceService(Learner* learner, NetworkSpec spec, IngestC
 
 ExperienceService::~ExperienceService() { learner_->RemovePolicyListener(listener_id_); }
 
-grpc::ServerBidiReactor<v1::TransitionBatch, v1::Ack>* ExperienceService::Stream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ExperienceService::Stream(
     grpc::CallbackServerContext* context) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) {
@@ -180,9 +283,10 @@ grpc::ServerBidiReactor<v1::TransitionBatch, v1::Ack>* ExperienceService::Stream
                                           absl::StrCat("server.max_streams = ", config_.server().max_streams(),
                                                        " actor streams already open")));
   }
-  auto* reactor = new StreamReactor(this, context);
-  streams_.insert(reactor);
-  return reactor;
+  auto reactor = std::make_shared<StreamReactor>(this, context);
+  streams_.insert(reactor.get());
+  reactor->Begin();
+  return reactor.get();
 }
 
 void ExperienceService::BeginShutdown() {
@@ -194,18 +298,6 @@ void ExperienceService::BeginShutdown() {
 void ExperienceService::Unregister(StreamReactor* stream) {
   absl::MutexLock lock(&mu_);
   streams_.erase(stream);
-}
-
-bool ExperienceService::IsNewSequence(const std::string& stream_id, uint64_t sequence) const {
-  absl::MutexLock lock(&mu_);
-  auto it = last_sequence_.find(stream_id);
-  return it == last_sequence_.end() || sequence > it->second;
-}
-
-void ExperienceService::CommitSequence(const std::string& stream_id, uint64_t sequence) {
-  absl::MutexLock lock(&mu_);
-  auto [it, inserted] = last_sequence_.try_emplace(stream_id, sequence);
-  if (!inserted) it->second = std::max(it->second, sequence);
 }
 
 }  // namespace qstream

@@ -20,12 +20,14 @@
 // (longest-detached first) when more than max_sessions exist.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -36,13 +38,17 @@
 #include "qstream/v1/config.pb.h"
 #include "qstream/v1/experience.pb.h"
 #include "server/ingest_counters.h"
+#include "server/nstep.h"
 #include "server/validate.h"
 #include "trainer/learner.h"
 #include "trainer/network_spec.h"
 
 namespace qstream {
 
+// A stream's handle on its session (the token Attach returns).
 class IngestSession;
+// One session's committed state and its queue of work (ingest_sessions.cc).
+struct IngestRecord;
 
 // The outcome of one submitted batch, as the ack will carry it.
 struct IngestOutcome {
@@ -110,16 +116,43 @@ class IngestSessions {
   int64_t pending_transitions() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // Implementation-defined (see ingest_sessions.cc).
+  friend struct IngestRecord;
+  struct Work;
+  struct Finished;
+
+  // Queues `work` on the record, or runs it now when the record is idle.
+  void Post(const std::shared_ptr<IngestRecord>& r, Work work) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs work items of `r` one at a time, starting with `work`; the caller
+  // holds the record's claim (IngestRecord::busy).
+  void Run(const std::shared_ptr<IngestRecord>& r, Work work) ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts one work item: returns its outcome when it completed at once, or
+  // nullopt when it went to the learner (the insert callback finishes it).
+  std::optional<Finished> Process(const std::shared_ptr<IngestRecord>& r, Work& work) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops a private session once its stream is gone and its windows are in
+  // the replay.
+  void MaybeForgetPrivate(const std::shared_ptr<IngestRecord>& r) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes the longest-detached sessions beyond max_sessions; their windows
+  // are to be flushed by the caller.
+  void EvictLocked(std::vector<std::shared_ptr<IngestRecord>>* evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpiryLoop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Every pending insert callback captures `this`: the learner must be
+  // stopped (its callbacks run) before this object is destroyed.
   Learner* const learner_;
   const NetworkSpec spec_;
   const v1::TrainerConfig config_;
   IngestCounters* const counters_;
+  const NStepAssembler assembler_;  // stateless; windows live in the records
+  // Latest replay size reported by an insert (for acks that insert nothing).
+  std::atomic<int64_t> replay_size_{0};
 
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<IngestSession>> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<IngestRecord>> sessions_ ABSL_GUARDED_BY(mu_);
+  // Sessions of streams without a stream_id, by handle id.
+  absl::flat_hash_map<uint64_t, std::shared_ptr<IngestRecord>> private_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_handle_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread expiry_thread_;
+  std::thread expiry_thread_;  // Start/Stop run on one thread
 };
 
 }  // namespace qstream

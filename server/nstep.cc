@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <unordered_set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -10,30 +11,35 @@ namespace qstream {
 NStepAssembler::NStepAssembler(const NetworkSpec& spec, int n_step, float gamma, int64_t max_envs)
     : obs_dim_(spec.obs_dim),
       branches_(spec.num_branches()),
+      branch_actions_(spec.branch_actions),
       n_(n_step),
       gamma_(gamma),
       max_envs_(max_envs) {}
 
-int64_t NStepAssembler::pending() const {
+int64_t NStepAssembler::Pending(const NStepWindows& windows) {
   int64_t total = 0;
-  for (const auto& [id, w] : windows_) total += w.size;
+  for (const auto& [id, w] : windows) total += w.size;
   return total;
 }
 
-NStepAssembler::Window& NStepAssembler::WindowFor(uint32_t env_id) {
-  auto [it, inserted] = windows_.try_emplace(env_id);
-  Window& w = it->second;
-  if (inserted) {
-    w.obs.resize(static_cast<size_t>(n_) * obs_dim_);
-    w.actions.resize(static_cast<size_t>(n_) * branches_);
-    w.rewards.resize(n_);
-    w.last_next_obs.resize(obs_dim_);
-  }
+NStepWindow NStepAssembler::EmptyWindow() const {
+  NStepWindow w;
+  w.obs.resize(static_cast<size_t>(n_) * obs_dim_);
+  w.actions.resize(static_cast<size_t>(n_) * branches_);
+  w.rewards.resize(n_);
+  w.last_next_obs.resize(obs_dim_);
   return w;
 }
 
-void NStepAssembler::Push(Window& w, const float* obs, const int32_t* actions, float reward,
-                          const float* next_obs) {
+NStepWindow& NStepAssembler::Touch(uint32_t env_id, const NStepWindows& committed, NStepWindows* delta) const {
+  auto it = delta->find(env_id);
+  if (it != delta->end()) return it->second;
+  auto c = committed.find(env_id);
+  return delta->emplace(env_id, c != committed.end() ? c->second : EmptyWindow()).first->second;
+}
+
+void NStepAssembler::Push(NStepWindow& w, const float* obs, const int32_t* actions, float reward,
+                          const float* next_obs) const {
   const int slot = (w.head + w.size) % n_;
   std::copy(obs, obs + obs_dim_, w.obs.begin() + static_cast<size_t>(slot) * obs_dim_);
   std::copy(actions, actions + branches_, w.actions.begin() + static_cast<size_t>(slot) * branches_);
@@ -42,14 +48,14 @@ void NStepAssembler::Push(Window& w, const float* obs, const int32_t* actions, f
   ++w.size;
 }
 
-void NStepAssembler::EmitHead(Window& w, bool terminal, TransitionColumns* out) {
+void NStepAssembler::Emit(const NStepWindow& w, int offset, bool terminal, TransitionColumns* out) const {
   double ret = 0;
   double discount = 1;
-  for (int k = 0; k < w.size; ++k) {
+  for (int k = offset; k < w.size; ++k) {
     ret += discount * w.rewards[(w.head + k) % n_];
     discount *= gamma_;
   }
-  const size_t slot = static_cast<size_t>(w.head);
+  const size_t slot = static_cast<size_t>((w.head + offset) % n_);
   out->obs.insert(out->obs.end(), w.obs.begin() + slot * obs_dim_, w.obs.begin() + (slot + 1) * obs_dim_);
   out->actions.insert(out->actions.end(), w.actions.begin() + slot * branches_,
                       w.actions.begin() + (slot + 1) * branches_);
@@ -57,26 +63,25 @@ void NStepAssembler::EmitHead(Window& w, bool terminal, TransitionColumns* out) 
   out->discounts.push_back(terminal ? 0.0f : static_cast<float>(discount));
   out->next_obs.insert(out->next_obs.end(), w.last_next_obs.begin(), w.last_next_obs.end());
   ++out->n;
-  w.head = (w.head + 1) % n_;
-  --w.size;
 }
 
-void NStepAssembler::Flush(Window& w, bool terminal, TransitionColumns* out) {
-  while (w.size > 0) EmitHead(w, terminal, out);
-  w.head = 0;
+void NStepAssembler::EmitAll(const NStepWindow& w, bool terminal, TransitionColumns* out) const {
+  for (int k = 0; k < w.size; ++k) Emit(w, k, terminal, out);
 }
 
-std::optional<BatchError> NStepAssembler::Add(const v1::TransitionBatch& batch, TransitionColumns* out) {
+std::optional<BatchError> NStepAssembler::Add(const v1::TransitionBatch& batch, const NStepWindows& committed,
+                                              NStepWindows* delta, TransitionColumns* out) const {
   const int64_t count = batch.count();
   const bool has_env_ids = batch.env_ids_size() > 0;
   const bool has_truncated = batch.truncated_size() > 0;
   if (has_env_ids) {
     // Admission first, so a rejected batch leaves every window untouched.
-    int64_t envs = num_envs();
+    int64_t envs = static_cast<int64_t>(committed.size());
+    for (const auto& [id, w] : *delta) envs += committed.count(id) ? 0 : 1;
     std::unordered_set<uint32_t> fresh;
     for (int64_t i = 0; i < count; ++i) {
       const uint32_t id = batch.env_ids(i);
-      if (windows_.count(id) || !fresh.insert(id).second) continue;
+      if (committed.count(id) || delta->count(id) || !fresh.insert(id).second) continue;
       if (++envs > max_envs_) {
         return BatchError{v1::Error::INVALID_FIELD, "env_ids",
                           absl::StrCat("env_ids[", i, "]: ", id, " opens more than ", max_envs_,
@@ -86,18 +91,98 @@ std::optional<BatchError> NStepAssembler::Add(const v1::TransitionBatch& batch, 
   }
   out->Reserve(out->n + count);
   for (int64_t i = 0; i < count; ++i) {
-    Window& w = WindowFor(has_env_ids ? batch.env_ids(i) : 0);
+    NStepWindow& w = Touch(has_env_ids ? batch.env_ids(i) : 0, committed, delta);
     Push(w, batch.obs().data() + i * obs_dim_, batch.actions().data() + i * branches_, batch.rewards(i),
          batch.next_obs().data() + i * obs_dim_);
-    if (batch.done(i)) {
-      Flush(w, /*terminal=*/true, out);
-    } else if (has_truncated && batch.truncated(i)) {
-      Flush(w, /*terminal=*/false, out);
+    const bool done = batch.done(i);
+    if (done || (has_truncated && batch.truncated(i))) {
+      EmitAll(w, /*terminal=*/done, out);
+      w.head = 0;
+      w.size = 0;
     } else if (w.size == n_) {
-      EmitHead(w, /*terminal=*/false, out);
+      Emit(w, 0, /*terminal=*/false, out);
+      w.head = (w.head + 1) % n_;
+      --w.size;
     }
   }
   return std::nullopt;
+}
+
+void NStepAssembler::Flush(const NStepWindows& windows, TransitionColumns* out) const {
+  out->Reserve(out->n + Pending(windows));
+  for (const auto& [id, w] : windows) EmitAll(w, /*terminal=*/false, out);
+}
+
+void NStepAssembler::Commit(NStepWindows* delta, NStepWindows* committed) {
+  for (auto& [id, w] : *delta) {
+    if (w.size == 0) {
+      committed->erase(id);
+    } else {
+      (*committed)[id] = std::move(w);
+    }
+  }
+  delta->clear();
+}
+
+void NStepAssembler::Save(const NStepWindows& windows,
+                          google::protobuf::RepeatedPtrField<v1::NStepWindowState>* out) const {
+  for (const auto& [id, w] : windows) {
+    if (w.size == 0) continue;
+    v1::NStepWindowState* s = out->Add();
+    s->set_env_id(id);
+    for (int k = 0; k < w.size; ++k) {
+      const size_t slot = static_cast<size_t>((w.head + k) % n_);
+      s->mutable_obs()->Add(w.obs.begin() + slot * obs_dim_, w.obs.begin() + (slot + 1) * obs_dim_);
+      s->mutable_actions()->Add(w.actions.begin() + slot * branches_, w.actions.begin() + (slot + 1) * branches_);
+      s->add_rewards(w.rewards[slot]);
+    }
+    s->mutable_last_next_obs()->Add(w.last_next_obs.begin(), w.last_next_obs.end());
+  }
+}
+
+absl::Status NStepAssembler::Load(const google::protobuf::RepeatedPtrField<v1::NStepWindowState>& in,
+                                  NStepWindows* out) const {
+  NStepWindows windows;
+  for (int i = 0; i < in.size(); ++i) {
+    const v1::NStepWindowState& s = in.Get(i);
+    const std::string where = absl::StrCat("windows[", i, "] (env_id ", s.env_id(), ")");
+    const int size = s.rewards_size();
+    if (size == 0) continue;
+    if (size >= n_) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", size, " steps; returns.n_step = ", n_,
+                                                     " holds at most ", n_ - 1));
+    }
+    if (s.obs_size() != size * obs_dim_) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": obs: ", s.obs_size(), " values, expected ", size,
+                                                     " x obs_dim ", obs_dim_));
+    }
+    if (s.actions_size() != size * branches_) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": actions: ", s.actions_size(), " values, expected ",
+                                                     size, " x branches ", branches_));
+    }
+    if (s.last_next_obs_size() != obs_dim_) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": last_next_obs: ", s.last_next_obs_size(),
+                                                     " values, expected obs_dim ", obs_dim_));
+    }
+    for (int j = 0; j < s.actions_size(); ++j) {
+      const int b = j % branches_;
+      if (s.actions(j) < 0 || s.actions(j) >= branch_actions_[b]) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": actions[", j, "]: ", s.actions(j),
+                                                       " out of range [0, ", branch_actions_[b], ") for branch ", b));
+      }
+    }
+    NStepWindow w = EmptyWindow();
+    std::copy(s.obs().begin(), s.obs().end(), w.obs.begin());
+    std::copy(s.actions().begin(), s.actions().end(), w.actions.begin());
+    std::copy(s.rewards().begin(), s.rewards().end(), w.rewards.begin());
+    std::copy(s.last_next_obs().begin(), s.last_next_obs().end(), w.last_next_obs.begin());
+    w.size = size;
+    if (!windows.emplace(s.env_id(), std::move(w)).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": env_id appears twice"));
+    }
+  }
+  *out = std::move(windows);
+  return absl::OkStatus();
 }
 
 }  // namespace qstream

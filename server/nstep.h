@@ -1,18 +1,29 @@
 // Server-side n-step assembly for KIND_STEP batches: one window of the last
-// n one-step transitions per env_id of a stream. A transition leaves its
-// window as the n-step item
+// n one-step transitions per env_id of an ingest session. A transition leaves
+// its window as the n-step item
 //   (s_t, a_t, R = sum_{k<K} gamma^k r_{t+k}, discount = gamma^K (1 - terminal), s_{t+K})
 // with K = n once n steps followed it; when the episode ends (done) every
 // remaining item is flushed with discount 0; when it is cut by a time limit
-// (truncated) every remaining item is flushed with its shorter K and
-// bootstraps from the last next_obs.
+// (truncated), or the session flushes its windows (clean half-close, resume
+// timeout), every remaining item leaves with its shorter K and bootstraps
+// from the window's last next_obs.
+//
+// The assembler holds no windows itself: they belong to the ingest session,
+// which commits them only together with the insert of the items a batch
+// produced. Add therefore reads the committed windows and writes the windows
+// the batch touches, as they are after it, into a separate delta; Commit
+// applies the delta once the insert succeeded, and a failed insert simply
+// drops it.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "google/protobuf/repeated_ptr_field.h"
+#include "qstream/v1/checkpoint.pb.h"
 #include "qstream/v1/experience.pb.h"
 #include "server/validate.h"
 #include "trainer/network_spec.h"
@@ -20,44 +31,73 @@
 
 namespace qstream {
 
+// Ring of at most n steps: obs, actions and rewards per step, plus the
+// next_obs of the newest step (the bootstrap state of every item in it).
+struct NStepWindow {
+  std::vector<float> obs;        // n x obs_dim
+  std::vector<int32_t> actions;  // n x num_branches
+  std::vector<float> rewards;    // n
+  std::vector<float> last_next_obs;
+  int head = 0;
+  int size = 0;
+};
+
+// A session's windows by env_id; ordered, so flushes and checkpoints are
+// deterministic. Only windows holding steps are kept once committed.
+using NStepWindows = std::map<uint32_t, NStepWindow>;
+
 class NStepAssembler {
  public:
-  // `max_envs` bounds the windows of one stream (memory a client can pin).
+  // `max_envs` bounds the windows of one session (memory a client can pin).
   NStepAssembler(const NetworkSpec& spec, int n_step, float gamma, int64_t max_envs);
 
   // Appends the items a validated KIND_STEP batch completes to `out` (whose
-  // obs_dim/num_branches must match the spec). On error (too many env ids)
-  // nothing of the batch is taken and no window changes.
-  std::optional<BatchError> Add(const v1::TransitionBatch& batch, TransitionColumns* out);
+  // obs_dim/num_branches must match the spec). Every window the batch touches
+  // is copied from `committed` into `delta` on first touch (or started empty)
+  // and updated there; `committed` is not changed. A `delta` that already
+  // holds windows is continued. On error (too many env ids) nothing is
+  // appended and `delta` is unchanged.
+  std::optional<BatchError> Add(const v1::TransitionBatch& batch, const NStepWindows& committed,
+                                NStepWindows* delta, TransitionColumns* out) const;
 
-  // Transitions waiting in windows for later steps.
-  int64_t pending() const;
-  int64_t num_envs() const { return static_cast<int64_t>(windows_.size()); }
+  // Appends every item of every window as a shorter-horizon, non-terminal
+  // transition (R over the steps that exist, discount gamma^K, bootstrap
+  // from last_next_obs), env by env, oldest first. The windows stay as they
+  // are: the caller clears them once the items are inserted.
+  void Flush(const NStepWindows& windows, TransitionColumns* out) const;
+
+  // Applies a delta from Add to `committed` (emptied windows are dropped)
+  // and clears it.
+  static void Commit(NStepWindows* delta, NStepWindows* committed);
+
+  // Steps waiting in `windows` for later steps.
+  static int64_t Pending(const NStepWindows& windows);
+
+  // Checkpoint form (NStepWindowState, oldest step first), env by env.
+  void Save(const NStepWindows& windows, google::protobuf::RepeatedPtrField<v1::NStepWindowState>* out) const;
+  // The inverse of Save. InvalidArgument naming the window and the field
+  // when a window does not fit the network or holds n or more steps.
+  absl::Status Load(const google::protobuf::RepeatedPtrField<v1::NStepWindowState>& in, NStepWindows* out) const;
+
+  int n_step() const { return n_; }
 
  private:
-  // Ring of at most n steps: obs, actions and rewards per step, plus the
-  // next_obs of the newest step (the bootstrap state of every item in it).
-  struct Window {
-    std::vector<float> obs;
-    std::vector<int32_t> actions;
-    std::vector<float> rewards;
-    std::vector<float> last_next_obs;
-    int head = 0;
-    int size = 0;
-  };
-
-  Window& WindowFor(uint32_t env_id);
-  void Push(Window& w, const float* obs, const int32_t* actions, float reward, const float* next_obs);
-  // Emits the item at the window's head with a return over the whole window.
-  void EmitHead(Window& w, bool terminal, TransitionColumns* out);
-  void Flush(Window& w, bool terminal, TransitionColumns* out);
+  NStepWindow EmptyWindow() const;
+  // The window of `env_id` in `delta`, copied from `committed` first.
+  NStepWindow& Touch(uint32_t env_id, const NStepWindows& committed, NStepWindows* delta) const;
+  void Push(NStepWindow& w, const float* obs, const int32_t* actions, float reward, const float* next_obs) const;
+  // Appends the item `offset` steps after the head: its return over the
+  // rest of the window.
+  void Emit(const NStepWindow& w, int offset, bool terminal, TransitionColumns* out) const;
+  // Appends every item of `w`.
+  void EmitAll(const NStepWindow& w, bool terminal, TransitionColumns* out) const;
 
   const int obs_dim_;
   const int branches_;
+  const std::vector<int> branch_actions_;
   const int n_;
   const double gamma_;
   const int64_t max_envs_;
-  std::unordered_map<uint32_t, Window> windows_;
 };
 
 }  // namespace qstream

@@ -27,6 +27,11 @@ ABSL_FLAG(absl::Duration, push_interval, absl::Seconds(10), "Pushgateway push pe
 ABSL_FLAG(std::string, instance, "", "instance label of pushed metrics; default hostname:grpc_port");
 ABSL_FLAG(absl::Duration, shutdown_deadline, absl::Seconds(5),
           "On SIGINT/SIGTERM, how long open streams may drain before they are cancelled");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Directory for checkpoints (created 0700); empty: no checkpoints. See README \"Checkpoints\"");
+ABSL_FLAG(std::string, restore, "",
+          "latest: continue from the newest good checkpoint under --checkpoint_dir (fresh when none); "
+          "DIR: from that checkpoint directory; empty: start fresh");
 // Overrides of common config fields (applied on top of --config).
 ABSL_FLAG(std::optional<int>, batch_size, std::nullopt, "replay.batch_size");
 ABSL_FLAG(std::optional<double>, lr, std::nullopt, "optimizer.lr");
@@ -150,6 +155,8 @@ int Main(int argc, char** argv) {
   options.metrics.pushgateway = absl::GetFlag(FLAGS_pushgateway);
   options.metrics.push_interval = absl::GetFlag(FLAGS_push_interval);
   options.metrics.instance = absl::GetFlag(FLAGS_instance);
+  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.restore = absl::GetFlag(FLAGS_restore);
   auto daemon = Daemon::Start(options);
   if (!daemon.ok()) {
     std::fprintf(stderr, "qstreamd: %s\n", std::string(daemon.status().message()).c_str());

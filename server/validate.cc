@@ -19,7 +19,7 @@ v1::Error BatchError::ToProto() const {
 const std::vector<std::string>& BatchFieldNames() {
   static const std::vector<std::string> kNames = {"kind",    "count",     "obs",       "next_obs",
                                                   "actions", "rewards",   "discounts", "done",
-                                                  "truncated", "env_ids", "policy_version"};
+                                                  "truncated", "env_ids", "policy_version", "stream_id"};
   return kNames;
 }
 
@@ -55,14 +55,34 @@ std::optional<BatchError> CheckFinite(const char* field, const float* x, int64_t
   return std::nullopt;
 }
 
+constexpr size_t kMaxStreamIdBytes = 128;
+
+bool StreamIdChar(char c) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+         c == ':' || c == '@' || c == '/' || c == '-';
+}
+
 }  // namespace
 
 std::optional<BatchError> ValidateBatch(const v1::TransitionBatch& batch, const NetworkSpec& spec,
                                         const v1::ServerConfig& server) {
   const auto kind = batch.kind();
-  if (kind != v1::TransitionBatch::KIND_UNSPECIFIED && kind != v1::TransitionBatch::KIND_NSTEP &&
-      kind != v1::TransitionBatch::KIND_STEP) {
+  if (kind == v1::TransitionBatch::KIND_UNSPECIFIED) {
+    return Invalid("kind", "kind: unspecified; every batch names its kind (KIND_NSTEP or KIND_STEP)");
+  }
+  if (kind != v1::TransitionBatch::KIND_NSTEP && kind != v1::TransitionBatch::KIND_STEP) {
     return Invalid("kind", absl::StrCat("kind: unknown value ", static_cast<int>(kind)));
+  }
+  const std::string& stream_id = batch.stream_id();
+  if (stream_id.size() > kMaxStreamIdBytes) {
+    return Invalid("stream_id", absl::StrCat("stream_id: ", stream_id.size(), " bytes, at most ", kMaxStreamIdBytes));
+  }
+  for (size_t i = 0; i < stream_id.size(); ++i) {
+    if (!StreamIdChar(stream_id[i])) {
+      return Invalid("stream_id", absl::StrCat("stream_id[", i, "]: byte 0x", absl::Hex(static_cast<uint8_t>(stream_id[i]),
+                                                                                         absl::kZeroPad2),
+                                               " is not one of [A-Za-z0-9._:@/-]"));
+    }
   }
   const bool step = kind == v1::TransitionBatch::KIND_STEP;
   const int64_t n = batch.count();
@@ -92,6 +112,14 @@ std::optional<BatchError> ValidateBatch(const v1::TransitionBatch& batch, const 
     }
     if (batch.env_ids_size() != 0) {
       if (auto e = CheckLength("env_ids", batch.env_ids_size(), n, "count or 0")) return e;
+    }
+    if (batch.truncated_size() != 0) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (batch.done(i) && batch.truncated(i)) {
+          return Invalid("done", absl::StrCat("done[", i, "] and truncated[", i,
+                                              "] are both true (an episode ends either terminal or cut)"));
+        }
+      }
     }
   } else {
     if (auto e = CheckLength("discounts", batch.discounts_size(), n, "count")) return e;

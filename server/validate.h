@@ -28,11 +28,13 @@ struct BatchError {
 // reason label values).
 const std::vector<std::string>& BatchFieldNames();
 
-// Checks, in order: kind, count (> 0, <= server.max_batch_transitions),
-// column lengths (obs, next_obs = count x obs_dim; actions = count x branches;
-// rewards = count; KIND_NSTEP/UNSPECIFIED: discounts = count, no per-step
-// columns; KIND_STEP: done = count, truncated and env_ids empty or count, no
-// discounts), then values (obs, next_obs, rewards finite; actions in range of
+// Checks, in order: kind (KIND_NSTEP or KIND_STEP; KIND_UNSPECIFIED is an
+// error), stream_id (at most 128 bytes of [A-Za-z0-9._:@/-]), count (> 0,
+// <= server.max_batch_transitions), column lengths (obs, next_obs = count x
+// obs_dim; actions = count x branches; rewards = count; KIND_NSTEP:
+// discounts = count, no per-step columns; KIND_STEP: done = count, truncated
+// and env_ids empty or count, no discounts, never done[i] and truncated[i]
+// both true), then values (obs, next_obs, rewards finite; actions in range of
 // their branch; discounts finite and in [0, 1]), policy_version >= 0.
 // Returns nullopt when the batch is valid.
 std::optional<BatchError> ValidateBatch(const v1::TransitionBatch& batch, const NetworkSpec& spec,

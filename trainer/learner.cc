@@ -107,6 +107,8 @@ void Learner::Stop() {
     thread = std::move(thread_);
   }
   if (thread.joinable()) thread.join();
+  // A checkpoint being written finishes before Stop returns.
+  if (checkpointer_ != nullptr) checkpointer_->WaitIdle();
   if (started) {
     // Checkpoint requests the thread did not reach: WriteFinalCheckpoint may
     // still write the final state, but these callers learn now.

@@ -95,7 +95,8 @@ class Learner {
 
   void Start();
   // Stops the thread; pending batches are inserted first (nothing accepted is
-  // lost), then their callbacks run. Idempotent.
+  // lost), then their callbacks run; a checkpoint being written is finished.
+  // Idempotent.
   void Stop();
 
   // Before Start: checkpoints under `root` as config.checkpoint says. `hook`

@@ -11,8 +11,11 @@ namespace {
 constexpr absl::Duration kInitialBackoff = absl::Milliseconds(100);
 
 // Codes after which resending cannot help: the daemon refused the stream.
+// ABORTED: another stream with this stream_id took the session over (a
+// second actor with the same identity); fighting it back would only make
+// the two take turns, so this one stops.
 bool IsFinal(grpc::StatusCode code) {
-  return code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::UNAUTHENTICATED ||
+  return code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::ABORTED || code == grpc::StatusCode::UNAUTHENTICATED ||
          code == grpc::StatusCode::PERMISSION_DENIED || code == grpc::StatusCode::UNIMPLEMENTED ||
          code == grpc::StatusCode::FAILED_PRECONDITION;
 }
@@ -107,6 +110,7 @@ void ExperienceStream::ReadLoop() {
       totals_.daemon_policy_version = ack.policy_version();
       totals_.throttle = ack.throttle();
       // Acks come in order; one for an older sequence re-acknowledges a resend.
+      // A duplicate ack (already inserted earlier) acknowledges the batch too.
       if (unacked_.empty() || ack.sequence() != unacked_.front().sequence()) {
         continue;
       }
@@ -183,6 +187,9 @@ absl::Status ExperienceStream::Send(v1::TransitionBatch batch) {
     }
     batch.set_sequence(next_sequence_++);
     batch.set_stream_id(options_.stream_id);
+    if (batch.kind() == v1::TransitionBatch::KIND_UNSPECIFIED) {  // the daemon requires a kind
+      batch.set_kind(batch.done_size() > 0 ? v1::TransitionBatch::KIND_STEP : v1::TransitionBatch::KIND_NSTEP);
+    }
     ++totals_.sent_batches;
     totals_.sent_transitions += batch.count();
     unacked_.push_back(batch);

@@ -7,8 +7,12 @@
 // When the call breaks (daemon restart, network), the reader thread opens a
 // new call with exponential backoff and resends every unacknowledged batch
 // with the same stream_id and sequence; the daemon acknowledges already
-// inserted ones again without inserting them twice. An error ack or a
-// protocol error from the daemon is final.
+// inserted ones again (Ack.duplicate) without inserting them twice; such an
+// ack counts as acknowledged. Sequences start at 1. An error ack or a
+// protocol error from the daemon is final, and so is ABORTED: another stream
+// with the same stream_id took the session over, and this one gives way
+// instead of taking it back. A batch sent without a kind gets KIND_STEP when
+// it has `done` flags, else KIND_NSTEP.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
 #include "server/nstep.h"
 
+#include <optional>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -43,6 +44,28 @@ v1::TransitionBatch Batch(const std::vector<StepIn>& steps) {
   return b;
 }
 
+// An assembler with its committed windows, committing every delta (what the
+// ingest session does once the items are inserted).
+class Assembler {
+ public:
+  Assembler(const NetworkSpec& spec, int n_step, float gamma, int64_t max_envs)
+      : a_(spec, n_step, gamma, max_envs) {}
+  std::optional<BatchError> Add(const v1::TransitionBatch& batch, TransitionColumns* out) {
+    NStepWindows delta;
+    auto error = a_.Add(batch, windows_, &delta, out);
+    if (!error) NStepAssembler::Commit(&delta, &windows_);
+    return error;
+  }
+  int64_t pending() const { return NStepAssembler::Pending(windows_); }
+  int64_t num_envs() const { return static_cast<int64_t>(windows_.size()); }
+  const NStepAssembler& assembler() const { return a_; }
+  NStepWindows& windows() { return windows_; }
+
+ private:
+  NStepAssembler a_;
+  NStepWindows windows_;
+};
+
 struct Item {
   float obs, reward, discount, next_obs;
   int action;
@@ -65,7 +88,7 @@ void ExpectItem(const Item& item, float obs, float reward, float discount, float
 }
 
 TEST(NStepAssemblerTest, EmitsOnceNStepsArePresent) {
-  NStepAssembler a(Spec(), /*n_step=*/3, /*gamma=*/0.5f, /*max_envs=*/16);
+  Assembler a(Spec(), /*n_step=*/3, /*gamma=*/0.5f, /*max_envs=*/16);
   TransitionColumns out = EmptyColumns(Spec());
   ASSERT_FALSE(a.Add(Batch({{0, 0, 1}, {0, 1, 2}}), &out).has_value());
   EXPECT_EQ(out.n, 0);
@@ -81,7 +104,7 @@ TEST(NStepAssemblerTest, EmitsOnceNStepsArePresent) {
 }
 
 TEST(NStepAssemblerTest, DoneFlushesEverythingWithZeroDiscount) {
-  NStepAssembler a(Spec(), 3, 0.5f, 16);
+  Assembler a(Spec(), 3, 0.5f, 16);
   TransitionColumns out = EmptyColumns(Spec());
   ASSERT_FALSE(a.Add(Batch({{0, 0, 1}, {0, 1, 2, /*done=*/true}}), &out).has_value());
   ASSERT_EQ(out.n, 2);
@@ -96,7 +119,7 @@ TEST(NStepAssemblerTest, DoneFlushesEverythingWithZeroDiscount) {
 }
 
 TEST(NStepAssemblerTest, DoneOnAFullWindow) {
-  NStepAssembler a(Spec(), 2, 0.9f, 16);
+  Assembler a(Spec(), 2, 0.9f, 16);
   TransitionColumns out = EmptyColumns(Spec());
   ASSERT_FALSE(a.Add(Batch({{0, 0, 1}, {0, 1, 2}, {0, 2, 4, /*done=*/true}}), &out).has_value());
   ASSERT_EQ(out.n, 3);
@@ -107,7 +130,7 @@ TEST(NStepAssemblerTest, DoneOnAFullWindow) {
 }
 
 TEST(NStepAssemblerTest, TruncationBootstrapsFromLastNextObs) {
-  NStepAssembler a(Spec(), 3, 0.5f, 16);
+  Assembler a(Spec(), 3, 0.5f, 16);
   TransitionColumns out = EmptyColumns(Spec());
   ASSERT_FALSE(
       a.Add(Batch({{0, 0, 1}, {0, 1, 2, /*done=*/false, /*truncated=*/true}}), &out).has_value());
@@ -119,7 +142,7 @@ TEST(NStepAssemblerTest, TruncationBootstrapsFromLastNextObs) {
 }
 
 TEST(NStepAssemblerTest, DoneWinsOverTruncated) {
-  NStepAssembler a(Spec(), 3, 0.5f, 16);
+  Assembler a(Spec(), 3, 0.5f, 16);
   TransitionColumns out = EmptyColumns(Spec());
   ASSERT_FALSE(a.Add(Batch({{0, 0, 1, true, true}}), &out).has_value());
   ASSERT_EQ(out.n, 1);
@@ -127,7 +150,7 @@ TEST(NStepAssemblerTest, DoneWinsOverTruncated) {
 }
 
 TEST(NStepAssemblerTest, OneStepReturnsEmitImmediately) {
-  NStepAssembler a(Spec(), 1, 0.99f, 16);
+  Assembler a(Spec(), 1, 0.99f, 16);
   TransitionColumns out = EmptyColumns(Spec());
   ASSERT_FALSE(a.Add(Batch({{0, 0, 3}, {0, 1, -1, true}}), &out).has_value());
   ASSERT_EQ(out.n, 2);
@@ -137,7 +160,7 @@ TEST(NStepAssemblerTest, OneStepReturnsEmitImmediately) {
 }
 
 TEST(NStepAssemblerTest, EnvironmentsHaveSeparateWindows) {
-  NStepAssembler a(Spec(), 2, 0.5f, 16);
+  Assembler a(Spec(), 2, 0.5f, 16);
   TransitionColumns out = EmptyColumns(Spec());
   // Interleaved env 1 and env 2; env 2 ends after one step.
   ASSERT_FALSE(a.Add(Batch({{1, 0, 1}, {2, 0, 10, true}, {1, 1, 2}, {2, 5, 20}, {1, 2, 4}}), &out).has_value());
@@ -151,7 +174,7 @@ TEST(NStepAssemblerTest, EnvironmentsHaveSeparateWindows) {
 }
 
 TEST(NStepAssemblerTest, MissingEnvIdsAndTruncatedMeanEnvZeroNotTruncated) {
-  NStepAssembler a(Spec(), 2, 0.5f, 16);
+  Assembler a(Spec(), 2, 0.5f, 16);
   TransitionColumns out = EmptyColumns(Spec());
   v1::TransitionBatch b = Batch({{0, 0, 1}, {0, 1, 2}, {0, 2, 3}});
   b.clear_env_ids();
@@ -162,7 +185,7 @@ TEST(NStepAssemblerTest, MissingEnvIdsAndTruncatedMeanEnvZeroNotTruncated) {
 }
 
 TEST(NStepAssemblerTest, TooManyEnvironmentsRejectsTheWholeBatch) {
-  NStepAssembler a(Spec(), 3, 0.5f, /*max_envs=*/2);
+  Assembler a(Spec(), 3, 0.5f, /*max_envs=*/2);
   TransitionColumns out = EmptyColumns(Spec());
   ASSERT_FALSE(a.Add(Batch({{1, 0, 1}, {2, 0, 1}}), &out).has_value());
   const auto error = a.Add(Batch({{1, 1, 1, true}, {2, 1, 1}, {3, 0, 1}}), &out);
@@ -181,7 +204,7 @@ TEST(NStepAssemblerTest, MultiBranchActionsTravelWithTheirStep) {
   net.add_branch_actions(3);
   net.add_branch_actions(5);
   const NetworkSpec spec = *NetworkSpec::Create(net);
-  NStepAssembler a(spec, 2, 1.0f, 4);
+  Assembler a(spec, 2, 1.0f, 4);
   v1::TransitionBatch b;
   b.set_kind(v1::TransitionBatch::KIND_STEP);
   b.set_count(3);
@@ -203,6 +226,63 @@ TEST(NStepAssemblerTest, MultiBranchActionsTravelWithTheirStep) {
   EXPECT_EQ(out.actions, (std::vector<int32_t>{0, 4, 1, 3}));
   EXPECT_EQ(out.rewards, (std::vector<float>{2, 2}));
   EXPECT_EQ(out.discounts, (std::vector<float>{1, 1}));
+}
+
+TEST(NStepAssemblerTest, AddLeavesTheCommittedWindowsAlone) {
+  NStepAssembler a(Spec(), 3, 0.5f, 16);
+  NStepWindows committed;
+  NStepWindows delta;
+  TransitionColumns out = EmptyColumns(Spec());
+  ASSERT_FALSE(a.Add(Batch({{0, 0, 1}, {0, 1, 2}}), committed, &delta, &out).has_value());
+  EXPECT_TRUE(committed.empty());
+  EXPECT_EQ(NStepAssembler::Pending(delta), 2);
+  // Dropping the delta (a failed insert) and adding again gives the same items.
+  NStepWindows again;
+  ASSERT_FALSE(a.Add(Batch({{0, 0, 1}, {0, 1, 2}}), committed, &again, &out).has_value());
+  NStepAssembler::Commit(&again, &committed);
+  EXPECT_EQ(NStepAssembler::Pending(committed), 2);
+  EXPECT_TRUE(again.empty());
+}
+
+TEST(NStepAssemblerTest, FlushEmitsShorterHorizonNonTerminalItems) {
+  Assembler a(Spec(), 3, 0.5f, 16);
+  TransitionColumns out = EmptyColumns(Spec());
+  ASSERT_FALSE(a.Add(Batch({{0, 0, 1}, {0, 1, 2}, {1, 0, 8}}), &out).has_value());
+  ASSERT_EQ(out.n, 0);
+  TransitionColumns flushed = EmptyColumns(Spec());
+  a.assembler().Flush(a.windows(), &flushed);
+  ASSERT_EQ(flushed.n, 3);
+  const auto items = Items(flushed);
+  // env 0: R over the steps that exist, discount 0.5^K, bootstrap from s_2.
+  ExpectItem(items[0], 0, 1 + 0.5f * 2, 0.25f, 2);
+  ExpectItem(items[1], 1, 2, 0.5f, 2);
+  ExpectItem(items[2], 100, 8, 0.5f, 101);
+  EXPECT_EQ(a.pending(), 3);  // Flush leaves the windows to the caller
+}
+
+TEST(NStepAssemblerTest, SaveLoadRoundTripContinuesTheWindows) {
+  Assembler a(Spec(), 3, 0.5f, 16);
+  TransitionColumns out = EmptyColumns(Spec());
+  // A ring that wrapped: 4 steps through a window of 3.
+  ASSERT_FALSE(a.Add(Batch({{2, 0, 1}, {2, 1, 2}, {2, 2, 3}, {2, 3, 4}}), &out).has_value());
+  google::protobuf::RepeatedPtrField<v1::NStepWindowState> saved;
+  a.assembler().Save(a.windows(), &saved);
+  ASSERT_EQ(saved.size(), 1);
+  EXPECT_EQ(saved[0].env_id(), 2u);
+  EXPECT_EQ(std::vector<float>(saved[0].rewards().begin(), saved[0].rewards().end()), (std::vector<float>{3, 4}));
+  Assembler b(Spec(), 3, 0.5f, 16);
+  ASSERT_TRUE(b.assembler().Load(saved, &b.windows()).ok());
+  TransitionColumns left = EmptyColumns(Spec());
+  TransitionColumns right = EmptyColumns(Spec());
+  ASSERT_FALSE(a.Add(Batch({{2, 4, 5}}), &left).has_value());
+  ASSERT_FALSE(b.Add(Batch({{2, 4, 5}}), &right).has_value());
+  ASSERT_EQ(right.n, 1);
+  ExpectItem(Items(right)[0], 202, 3 + 0.5f * 4 + 0.25f * 5, 0.125f, 205);
+  EXPECT_EQ(left.rewards, right.rewards);
+  // A window of n steps does not fit.
+  saved[0].add_rewards(1);
+  saved[0].add_rewards(1);
+  EXPECT_FALSE(b.assembler().Load(saved, &b.windows()).ok());
 }
 
 }  // namespace

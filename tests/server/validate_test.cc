@@ -1,6 +1,8 @@
 #include "server/validate.h"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <limits>
 
 #include "gtest/gtest.h"
@@ -65,9 +67,11 @@ void ExpectError(const v1::TransitionBatch& b, const std::string& field, const s
 TEST(ValidateBatchTest, AcceptsWellFormedBatches) {
   EXPECT_FALSE(ValidateBatch(NStep(8), Spec(), Server()).has_value());
   EXPECT_FALSE(ValidateBatch(Step(8), Spec(), Server()).has_value());
-  v1::TransitionBatch unspecified = NStep(3);
-  unspecified.set_kind(v1::TransitionBatch::KIND_UNSPECIFIED);
-  EXPECT_FALSE(ValidateBatch(unspecified, Spec(), Server()).has_value());
+  v1::TransitionBatch named = NStep(3);
+  named.set_stream_id("actor-7.host_a:0@eu/west");
+  EXPECT_FALSE(ValidateBatch(named, Spec(), Server()).has_value());
+  named.set_stream_id(std::string(128, 'x'));
+  EXPECT_FALSE(ValidateBatch(named, Spec(), Server()).has_value());
   v1::TransitionBatch step = Step(3);
   for (int i = 0; i < 3; ++i) {
     step.add_truncated(i == 2);
@@ -86,6 +90,41 @@ TEST(ValidateBatchTest, UnknownKind) {
   v1::TransitionBatch b = NStep(2);
   b.set_kind(static_cast<v1::TransitionBatch::Kind>(9));
   ExpectError(b, "kind", "kind: unknown value 9");
+}
+
+TEST(ValidateBatchTest, UnspecifiedKindIsAnError) {
+  v1::TransitionBatch b = NStep(3);
+  b.set_kind(v1::TransitionBatch::KIND_UNSPECIFIED);
+  ExpectError(b, "kind", "kind: unspecified; every batch names its kind (KIND_NSTEP or KIND_STEP)");
+}
+
+TEST(ValidateBatchTest, StreamIdLengthAndBytes) {
+  v1::TransitionBatch b = NStep(2);
+  b.set_stream_id(std::string(129, 'a'));
+  ExpectError(b, "stream_id", "stream_id: 129 bytes, at most 128");
+  b.set_stream_id("actor 7");
+  ExpectError(b, "stream_id", "stream_id[5]: byte 0x20 is not one of [A-Za-z0-9._:@/-]");
+  b.set_stream_id("a\xc3\xa9");
+  ExpectError(b, "stream_id", "stream_id[1]: byte 0xc3 is not one of [A-Za-z0-9._:@/-]");
+  b.set_stream_id(std::string("a\0b", 3));
+  ExpectError(b, "stream_id", "stream_id[1]: byte 0x00 is not one of [A-Za-z0-9._:@/-]");
+}
+
+TEST(ValidateBatchTest, DoneAndTruncatedTogether) {
+  v1::TransitionBatch b = Step(4);
+  for (int i = 0; i < 4; ++i) b.add_truncated(i >= 2);
+  b.set_done(1, true);  // done alone is fine
+  EXPECT_FALSE(ValidateBatch(b, Spec(), Server()).has_value());
+  b.set_done(3, true);
+  ExpectError(b, "done", "done[3] and truncated[3] are both true (an episode ends either terminal or cut)");
+}
+
+TEST(ValidateBatchTest, FieldNamesCoverEveryError) {
+  const auto& names = BatchFieldNames();
+  for (const char* field : {"kind", "stream_id", "count", "obs", "next_obs", "actions", "rewards", "discounts",
+                            "done", "truncated", "env_ids", "policy_version"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), field), names.end()) << field;
+  }
 }
 
 TEST(ValidateBatchTest, CountZeroAndTooLarge) {

@@ -1,5 +1,6 @@
 #include "trainer/crc32c.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -59,6 +60,26 @@ TEST(Crc32cTest, IncrementalEqualsOneShot) {
     }
     EXPECT_EQ(crc, whole) << "n=" << n;
     EXPECT_EQ(whole, ReferenceCrc32c(data.data(), n)) << "n=" << n;
+  }
+}
+
+// Files are checksummed in multi-MB pieces (safetensors.cc, checkpoint.cc):
+// a buffer of several MB with an odd length, split at random odd points.
+TEST(Crc32cTest, LargeOddLengthBuffersMatchReference) {
+  std::mt19937_64 rng(std::random_device{}());
+  for (int trial = 0; trial < 3; ++trial) {
+    const size_t n = (size_t{5} << 20) + 2 * std::uniform_int_distribution<size_t>(0, 1 << 20)(rng) + 1;
+    const std::vector<unsigned char> data = RandomBytes(rng, n);
+    const uint32_t want = ReferenceCrc32c(data.data(), n);
+    EXPECT_EQ(Crc32c(data.data(), n), want) << "n=" << n;
+    uint32_t crc = 0;
+    size_t at = 0;
+    while (at < n) {
+      const size_t len = std::min(n - at, 2 * std::uniform_int_distribution<size_t>(0, 3 << 20)(rng) + 1);
+      crc = Crc32cExtend(crc, data.data() + at, len);
+      at += len;
+    }
+    EXPECT_EQ(crc, want) << "n=" << n;
   }
 }
 

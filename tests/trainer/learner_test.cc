@@ -385,34 +385,6 @@ TEST(LearnerTest, StatsAreReadEveryStatsEverySteps) {
   EXPECT_TRUE(learner->DrainStepTimes().empty());
 }
 
-TEST(LearnerTest, CheckpointWritesLatestSnapshot) {
-  v1::TrainerConfig config = TestConfig();
-  config.mutable_server()->set_publish_every(2);
-  auto state = std::make_shared<FakeState>();
-  auto learner = MakeLearner(config, state);
-  learner->Enqueue(Batch(8, learner->policy()->spec), nullptr);
-  learner->Start();
-  state->WaitForSteps(10);
-  learner->Stop();
-  auto snapshot = learner->policy();
-  const std::string path = ::testing::TempDir() + "/learner_test_checkpoint.pb";
-  ASSERT_TRUE(learner->Checkpoint(path).ok());
-  std::ifstream in(path, std::ios::binary);
-  v1::Policy proto;
-  ASSERT_TRUE(proto.ParseFromIstream(&in));
-  EXPECT_EQ(proto.version(), snapshot->version);
-  EXPECT_EQ(proto.learner_steps(), snapshot->learner_steps);
-  EXPECT_GE(proto.version(), 5);
-  auto spec = NetworkSpec::FromArchitecture(proto.architecture());
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->num_params, snapshot->spec.num_params);
-  ASSERT_EQ(proto.weights_size(), snapshot->spec.num_params);
-  EXPECT_EQ(proto.weights(0), static_cast<float>(snapshot->learner_steps));
-  EXPECT_FALSE(std::ifstream(path + ".tmp").good());
-  std::remove(path.c_str());
-  EXPECT_FALSE(learner->Checkpoint("/nonexistent-dir/x.pb").ok());
-}
-
 // Polls `done` until it holds: waits for an event, asserts nothing about time.
 template <typename F>
 void WaitUntil(F done) {

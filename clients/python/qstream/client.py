@@ -8,8 +8,12 @@ ExperienceService.Stream call.
   behind, so the actor slows down instead of buffering without bound).
 - Reconnect: when the call breaks (daemon restart, network), the client
   reconnects with exponential backoff and resends every unacknowledged
-  batch with the same stream_id and sequence; the daemon acknowledges
-  already-inserted ones again without inserting them twice.
+  batch with the same stream_id and sequence (numbered from 1); the daemon
+  acknowledges already-inserted ones again (Ack.duplicate) without
+  inserting them twice, and such an ack counts as acknowledged.
+- Takeover: a stream ended with ABORTED lost its stream_id to a newer
+  stream of the same identity; the client gives way (StreamError) instead
+  of taking the session back.
 - Errors: a batch the daemon rejects raises BatchRejected (naming the
   field) from the next send()/flush(); the stream itself stays usable.
 """
@@ -31,6 +35,7 @@ from qstream.proto import experience_pb2, experience_pb2_grpc
 # Codes after which resending cannot help: the daemon refused the stream.
 _FATAL_CODES = {
     grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.ABORTED,  # another stream took this stream_id over
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.UNIMPLEMENTED,
@@ -145,6 +150,9 @@ class ActorClient:
             self._next_sequence += 1
             batch.sequence = seq
             batch.stream_id = self.stream_id
+            if batch.kind == experience_pb2.TransitionBatch.KIND_UNSPECIFIED:  # the daemon requires one
+                batch.kind = (experience_pb2.TransitionBatch.KIND_STEP if len(batch.done)
+                              else experience_pb2.TransitionBatch.KIND_NSTEP)
             self._unacked[seq] = batch
             self._stats.sent_batches += 1
             self._stats.sent_transitions += batch.count

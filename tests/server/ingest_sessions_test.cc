@@ -1,0 +1,536 @@
+// IngestSessions against a real Learner on the CPU backend: de-duplication,
+// waiting behind a batch in flight, commit only with the insert, n-step
+// windows across half-close / reconnect / expiry, Save/Restore, and a
+// property test of many concurrent streams with resends and takeovers. The
+// backend is wrapped so that every inserted row can be read back; every row
+// carries a unique tag in obs[0].
+#include "server/ingest_sessions.h"
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "trainer/config.h"
+#include "trainer/cpu/cpu_backend.h"
+
+namespace qstream {
+namespace {
+
+struct Row {
+  float obs, reward, discount, next_obs;
+};
+
+// Every row the backend received, in insert order.
+struct InsertLog {
+  absl::Mutex mu;
+  std::vector<Row> rows ABSL_GUARDED_BY(mu);
+
+  std::vector<Row> Rows() {
+    absl::MutexLock lock(&mu);
+    return rows;
+  }
+  void WaitForRows(size_t n) {
+    absl::MutexLock lock(&mu);
+    auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return rows.size() >= n; };
+    mu.Await(absl::Condition(&reached));
+  }
+};
+
+class RecordingBackend final : public Backend {
+ public:
+  RecordingBackend(std::unique_ptr<Backend> inner, std::shared_ptr<InsertLog> log)
+      : inner_(std::move(inner)), log_(std::move(log)) {}
+  std::string name() const override { return inner_->name(); }
+  std::string device() const override { return inner_->device(); }
+  const NetworkSpec& spec() const override { return inner_->spec(); }
+  absl::Status Insert(const TransitionColumns& batch) override {
+    absl::Status st = inner_->Insert(batch);
+    if (st.ok()) {
+      absl::MutexLock lock(&log_->mu);
+      for (int64_t i = 0; i < batch.n; ++i) {
+        log_->rows.push_back({batch.obs[i * batch.obs_dim], batch.rewards[i], batch.discounts[i],
+                              batch.next_obs[i * batch.obs_dim]});
+      }
+    }
+    return st;
+  }
+  int64_t replay_size() const override { return inner_->replay_size(); }
+  int64_t replay_capacity() const override { return inner_->replay_capacity(); }
+  absl::Status Step() override { return inner_->Step(); }
+  int64_t steps() const override { return inner_->steps(); }
+  StepStats last_stats() override { return inner_->last_stats(); }
+  std::vector<int64_t> guard_trips() override { return inner_->guard_trips(); }
+  void DrainStepTimes(std::vector<std::pair<double, int64_t>>* out) override { inner_->DrainStepTimes(out); }
+  std::vector<float> GetParams() override { return inner_->GetParams(); }
+  absl::Status SetParams(const std::vector<float>& params) override { return inner_->SetParams(params); }
+  absl::Status ComputeQ(const float* obs, int64_t n, std::vector<float>* q) override {
+    return inner_->ComputeQ(obs, n, q);
+  }
+  absl::Status SaveState(bool include_replay, BackendState* out) override {
+    return inner_->SaveState(include_replay, out);
+  }
+  absl::Status LoadState(const BackendState& state, StateParts parts) override {
+    return inner_->LoadState(state, parts);
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  std::shared_ptr<InsertLog> log_;
+};
+
+// obs_dim 1, one branch of 4 actions, n = 3, gamma = 0.5.
+v1::TrainerConfig Config() {
+  v1::TrainerConfig c;
+  auto* n = c.mutable_network();
+  n->set_obs_dim(1);
+  n->add_trunk_hidden(4);
+  n->set_head_hidden(4);
+  n->set_num_atoms(5);
+  n->set_v_min(-4);
+  n->set_v_max(4);
+  n->add_branch_actions(4);
+  c.mutable_replay()->set_capacity(1 << 16);
+  c.mutable_replay()->set_batch_size(4);
+  c.mutable_rate_limiter()->set_min_size_to_sample(1 << 16);  // no training steps: inserts only
+  c.mutable_rate_limiter()->set_samples_per_insert(0);
+  c.mutable_returns()->set_n_step(3);
+  c.mutable_returns()->set_gamma(0.5f);
+  c.mutable_server()->set_stream_resume_seconds(60);
+  c.mutable_server()->set_session_ttl_seconds(3600);
+  c.mutable_server()->set_max_sessions(64);
+  c.mutable_checkpoint()->set_every_seconds(0);
+  c.set_seed(3);
+  FillDefaults(&c);
+  return c;
+}
+
+// A Learner (not started) with its sessions.
+struct Rig {
+  explicit Rig(const v1::TrainerConfig& c = Config()) : config(c), log(std::make_shared<InsertLog>()) {
+    auto spec = NetworkSpec::Create(config.network());
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    auto cpu = CreateCpuBackend(config);
+    EXPECT_TRUE(cpu.ok()) << cpu.status();
+    auto l = Learner::Create(config, std::make_unique<RecordingBackend>(*std::move(cpu), log));
+    EXPECT_TRUE(l.ok()) << l.status();
+    learner = *std::move(l);
+    sessions = std::make_unique<IngestSessions>(learner.get(), *spec, config, &counters);
+  }
+  ~Rig() {
+    learner->Stop();  // runs every pending callback before the sessions go
+    sessions.reset();
+  }
+
+  v1::TrainerConfig config;
+  std::shared_ptr<InsertLog> log;
+  IngestCounters counters;
+  std::unique_ptr<Learner> learner;
+  std::unique_ptr<IngestSessions> sessions;
+};
+
+// KIND_NSTEP batch whose rows have obs = reward = tag.
+v1::TransitionBatch NStep(uint64_t sequence, const std::string& stream_id, const std::vector<float>& tags) {
+  v1::TransitionBatch b;
+  b.set_kind(v1::TransitionBatch::KIND_NSTEP);
+  b.set_sequence(sequence);
+  b.set_stream_id(stream_id);
+  b.set_count(tags.size());
+  for (float t : tags) {
+    b.add_obs(t);
+    b.add_next_obs(t + 0.5f);
+    b.add_actions(0);
+    b.add_rewards(t);
+    b.add_discounts(0.5f);
+  }
+  return b;
+}
+
+struct StepIn {
+  uint32_t env = 0;
+  float obs = 0;  // next_obs = obs + 1
+  float reward = 0;
+  bool done = false;
+};
+
+v1::TransitionBatch Step(uint64_t sequence, const std::string& stream_id, const std::vector<StepIn>& steps) {
+  v1::TransitionBatch b;
+  b.set_kind(v1::TransitionBatch::KIND_STEP);
+  b.set_sequence(sequence);
+  b.set_stream_id(stream_id);
+  b.set_count(steps.size());
+  for (const StepIn& s : steps) {
+    b.add_obs(s.obs);
+    b.add_next_obs(s.obs + 1);
+    b.add_actions(0);
+    b.add_rewards(s.reward);
+    b.add_done(s.done);
+    b.add_env_ids(s.env);
+  }
+  return b;
+}
+
+// Submits and waits for the outcome (the learner must be started, or the
+// outcome must come inline).
+IngestOutcome SubmitAndWait(IngestSessions* sessions, const std::shared_ptr<IngestSession>& s,
+                            const v1::TransitionBatch& b) {
+  absl::Notification n;
+  IngestOutcome out;
+  sessions->Submit(s, b, [&](IngestOutcome o) {
+    out = std::move(o);
+    n.Notify();
+  });
+  n.WaitForNotification();
+  return out;
+}
+
+IngestOutcome DetachAndWait(IngestSessions* sessions, const std::shared_ptr<IngestSession>& s, bool clean) {
+  absl::Notification n;
+  IngestOutcome out;
+  sessions->Detach(s, clean, [&](IngestOutcome o) {
+    out = std::move(o);
+    n.Notify();
+  });
+  n.WaitForNotification();
+  return out;
+}
+
+void ExpectRow(const Row& r, float obs, float reward, float discount, float next_obs) {
+  EXPECT_FLOAT_EQ(r.obs, obs);
+  EXPECT_FLOAT_EQ(r.reward, reward);
+  EXPECT_FLOAT_EQ(r.discount, discount);
+  EXPECT_FLOAT_EQ(r.next_obs, next_obs);
+}
+
+TEST(IngestSessionsTest, DuplicateOfACommittedSequenceInsertsNothing) {
+  Rig rig;
+  rig.learner->Start();
+  auto s = rig.sessions->Attach("actor-1", [] {});
+  IngestOutcome first = SubmitAndWait(rig.sessions.get(), s, NStep(1, "actor-1", {1, 2}));
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  EXPECT_EQ(first.accepted, 2);
+  EXPECT_FALSE(first.duplicate);
+  EXPECT_EQ(first.replay_size, 2);
+  for (int i = 0; i < 2; ++i) {
+    IngestOutcome again = SubmitAndWait(rig.sessions.get(), s, NStep(1, "actor-1", {1, 2}));
+    EXPECT_TRUE(again.duplicate);
+    EXPECT_EQ(again.accepted, 0);
+    EXPECT_EQ(again.replay_size, 2);
+  }
+  // A gap is fine; anything at or below the last committed one is a duplicate.
+  EXPECT_EQ(SubmitAndWait(rig.sessions.get(), s, NStep(5, "actor-1", {3})).accepted, 1);
+  EXPECT_TRUE(SubmitAndWait(rig.sessions.get(), s, NStep(4, "actor-1", {9})).duplicate);
+  EXPECT_EQ(rig.log->Rows().size(), 3u);
+}
+
+TEST(IngestSessionsTest, SequenceZeroIsNeverDeduplicated) {
+  Rig rig;
+  rig.learner->Start();
+  auto s = rig.sessions->Attach("actor-0", [] {});
+  for (int i = 0; i < 3; ++i) {
+    IngestOutcome o = SubmitAndWait(rig.sessions.get(), s, NStep(0, "actor-0", {7}));
+    EXPECT_FALSE(o.duplicate);
+    EXPECT_EQ(o.accepted, 1);
+  }
+  EXPECT_EQ(rig.log->Rows().size(), 3u);
+  // Sequence 0 does not move the committed sequence: 1 is still new.
+  EXPECT_EQ(SubmitAndWait(rig.sessions.get(), s, NStep(1, "actor-0", {8})).accepted, 1);
+}
+
+TEST(IngestSessionsTest, ResendWaitsForTheOriginalInFlight) {
+  Rig rig;  // not started: Enqueue only queues, the original stays in flight
+  std::atomic<bool> superseded{false};
+  auto old_stream = rig.sessions->Attach("actor-2", [&] { superseded = true; });
+  absl::Mutex mu;
+  std::vector<std::string> order;
+  absl::Notification original_done, resend_done;
+  IngestOutcome original, resend;
+  rig.sessions->Submit(old_stream, NStep(1, "actor-2", {5}), [&](IngestOutcome o) {
+    original = std::move(o);
+    absl::MutexLock lock(&mu);
+    order.push_back("original");
+    original_done.Notify();
+  });
+  auto new_stream = rig.sessions->Attach("actor-2", [] {});
+  EXPECT_TRUE(superseded);
+  rig.sessions->Submit(new_stream, NStep(1, "actor-2", {5}), [&](IngestOutcome o) {
+    resend = std::move(o);
+    absl::MutexLock lock(&mu);
+    order.push_back("resend");
+    resend_done.Notify();
+  });
+  EXPECT_FALSE(original_done.HasBeenNotified());
+  EXPECT_FALSE(resend_done.HasBeenNotified());  // never an early ack
+  rig.learner->Start();
+  resend_done.WaitForNotification();
+  ASSERT_TRUE(original_done.HasBeenNotified());
+  EXPECT_EQ(original.accepted, 1);
+  EXPECT_FALSE(original.duplicate);
+  EXPECT_TRUE(resend.duplicate);
+  EXPECT_EQ(resend.accepted, 0);
+  EXPECT_EQ(order, (std::vector<std::string>{"original", "resend"}));
+  EXPECT_EQ(rig.log->Rows().size(), 1u);
+  // The superseded stream's detach leaves the session to its successor.
+  DetachAndWait(rig.sessions.get(), old_stream, /*clean=*/true);
+  EXPECT_TRUE(SubmitAndWait(rig.sessions.get(), new_stream, NStep(1, "actor-2", {5})).duplicate);
+}
+
+TEST(IngestSessionsTest, AFailedInsertCommitsNothingAndAResendInserts) {
+  v1::IngestState saved;
+  {
+    Rig rig;
+    rig.learner->Stop();  // Enqueue now answers Cancelled inline
+    auto s = rig.sessions->Attach("actor-3", [] {});
+    ASSERT_EQ(SubmitAndWait(rig.sessions.get(), s, Step(1, "actor-3", {{0, 0, 1}, {0, 1, 2}})).accepted, 0);
+    IngestOutcome failed = SubmitAndWait(rig.sessions.get(), s, Step(2, "actor-3", {{0, 2, 4}}));
+    EXPECT_FALSE(failed.status.ok());
+    EXPECT_EQ(failed.accepted, 0);
+    EXPECT_FALSE(SubmitAndWait(rig.sessions.get(), s, NStep(3, "actor-3", {9})).status.ok());
+    rig.sessions->Save(&saved);
+    ASSERT_EQ(saved.sessions_size(), 1);
+    EXPECT_EQ(saved.sessions(0).last_sequence(), 1u);                // 2 and 3 not committed
+    EXPECT_EQ(saved.sessions(0).windows(0).rewards_size(), 2);       // the window before batch 2
+    EXPECT_EQ(rig.sessions->pending_transitions(), 2);
+  }
+  Rig rig;
+  ASSERT_TRUE(rig.sessions->Restore(saved).ok());
+  rig.learner->Start();
+  auto s = rig.sessions->Attach("actor-3", [] {});
+  IngestOutcome resend = SubmitAndWait(rig.sessions.get(), s, Step(2, "actor-3", {{0, 2, 4}}));
+  ASSERT_TRUE(resend.status.ok());
+  EXPECT_FALSE(resend.duplicate);
+  EXPECT_EQ(resend.accepted, 1);
+  EXPECT_EQ(SubmitAndWait(rig.sessions.get(), s, NStep(3, "actor-3", {9})).accepted, 1);
+  const auto rows = rig.log->Rows();
+  ASSERT_EQ(rows.size(), 2u);
+  ExpectRow(rows[0], 0, 1 + 0.5f * 2 + 0.25f * 4, 0.125f, 3);
+}
+
+TEST(IngestSessionsTest, HalfCloseFlushesShorterHorizonReturns) {
+  Rig rig;
+  rig.learner->Start();
+  auto s = rig.sessions->Attach("actor-4", [] {});
+  IngestOutcome o = SubmitAndWait(rig.sessions.get(), s, Step(1, "actor-4", {{0, 0, 1}, {0, 1, 2}, {1, 10, 8}}));
+  EXPECT_EQ(o.accepted, 0);
+  EXPECT_EQ(rig.sessions->pending_transitions(), 3);
+  IngestOutcome flushed = DetachAndWait(rig.sessions.get(), s, /*clean=*/true);
+  ASSERT_TRUE(flushed.status.ok());
+  EXPECT_EQ(flushed.accepted, 3);
+  EXPECT_EQ(rig.sessions->pending_transitions(), 0);
+  const auto rows = rig.log->Rows();
+  ASSERT_EQ(rows.size(), 3u);
+  // R over the steps that exist, discount 0.5^K, bootstrap from the last next_obs.
+  ExpectRow(rows[0], 0, 1 + 0.5f * 2, 0.25f, 2);
+  ExpectRow(rows[1], 1, 2, 0.5f, 2);
+  ExpectRow(rows[2], 10, 8, 0.5f, 11);
+  // The sequence record stays: a resend after the close is a duplicate.
+  auto again = rig.sessions->Attach("actor-4", [] {});
+  EXPECT_TRUE(SubmitAndWait(rig.sessions.get(), again, Step(1, "actor-4", {{0, 0, 1}})).duplicate);
+}
+
+TEST(IngestSessionsTest, ReconnectWithinTheResumeWindowContinuesTheWindows) {
+  Rig rig;
+  rig.learner->Start();
+  auto s = rig.sessions->Attach("actor-5", [] {});
+  ASSERT_EQ(SubmitAndWait(rig.sessions.get(), s, Step(1, "actor-5", {{0, 0, 1}, {0, 1, 2}})).accepted, 0);
+  DetachAndWait(rig.sessions.get(), s, /*clean=*/false);
+  EXPECT_EQ(rig.sessions->pending_transitions(), 2);
+  rig.sessions->Expire(absl::Now() + absl::Seconds(30));  // within stream_resume_seconds
+  EXPECT_EQ(rig.sessions->pending_transitions(), 2);
+  auto back = rig.sessions->Attach("actor-5", [] {});
+  IngestOutcome o = SubmitAndWait(rig.sessions.get(), back, Step(2, "actor-5", {{0, 2, 4}}));
+  EXPECT_EQ(o.accepted, 1);
+  const auto rows = rig.log->Rows();
+  ASSERT_EQ(rows.size(), 1u);
+  ExpectRow(rows[0], 0, 1 + 0.5f * 2 + 0.25f * 4, 0.125f, 3);  // the full 3-step return
+}
+
+TEST(IngestSessionsTest, ExpireFlushesWindowsThenForgetsRecords) {
+  Rig rig;
+  rig.learner->Start();
+  auto s = rig.sessions->Attach("actor-6", [] {});
+  ASSERT_EQ(SubmitAndWait(rig.sessions.get(), s, Step(1, "actor-6", {{0, 0, 1}, {0, 1, 2}})).accepted, 0);
+  DetachAndWait(rig.sessions.get(), s, /*clean=*/false);
+  rig.sessions->Expire(absl::Now() + absl::Seconds(61));
+  rig.log->WaitForRows(2);
+  const auto rows = rig.log->Rows();
+  ExpectRow(rows[0], 0, 1 + 0.5f * 2, 0.25f, 2);
+  ExpectRow(rows[1], 1, 2, 0.5f, 2);
+  EXPECT_EQ(rig.sessions->num_sessions(), 1);  // the sequence record stays until the ttl
+  rig.sessions->Expire(absl::Now() + absl::Seconds(1800));
+  EXPECT_EQ(rig.sessions->num_sessions(), 1);
+  rig.sessions->Expire(absl::Now() + absl::Seconds(3601));
+  EXPECT_EQ(rig.sessions->num_sessions(), 0);
+  auto again = rig.sessions->Attach("actor-6", [] {});
+  EXPECT_FALSE(SubmitAndWait(rig.sessions.get(), again, NStep(1, "actor-6", {3})).duplicate);
+}
+
+TEST(IngestSessionsTest, BeyondMaxSessionsTheLongestDetachedIsFlushedAndForgotten) {
+  v1::TrainerConfig config = Config();
+  config.mutable_server()->set_max_sessions(3);
+  Rig rig(config);
+  rig.learner->Start();
+  for (int i = 0; i < 3; ++i) {
+    const std::string id = absl::StrCat("m", i);
+    auto s = rig.sessions->Attach(id, [] {});
+    ASSERT_EQ(SubmitAndWait(rig.sessions.get(), s, Step(1, id, {{0, 100.0f * i, 1}})).accepted, 0);
+    DetachAndWait(rig.sessions.get(), s, /*clean=*/false);
+  }
+  auto fourth = rig.sessions->Attach("m3", [] {});  // evicts m0, flushing its window
+  EXPECT_EQ(rig.sessions->num_sessions(), 3);
+  rig.log->WaitForRows(1);
+  EXPECT_FLOAT_EQ(rig.log->Rows()[0].obs, 0);
+  auto m0 = rig.sessions->Attach("m0", [] {});  // forgotten: 1 is new again (evicts m1)
+  EXPECT_FALSE(SubmitAndWait(rig.sessions.get(), m0, NStep(1, "m0", {5})).duplicate);
+  auto m2 = rig.sessions->Attach("m2", [] {});
+  EXPECT_TRUE(SubmitAndWait(rig.sessions.get(), m2, NStep(1, "m2", {6})).duplicate);
+}
+
+TEST(IngestSessionsTest, SaveRestoreRoundTripAndPrivateSessionsFlushAtRestore) {
+  v1::IngestState saved;
+  {
+    Rig rig;
+    rig.learner->Start();
+    auto named = rig.sessions->Attach("actor-7", [] {});
+    ASSERT_EQ(SubmitAndWait(rig.sessions.get(), named, Step(5, "actor-7", {{2, 0, 1}, {2, 1, 2}})).accepted, 0);
+    auto mine = rig.sessions->Attach("", [] {});
+    ASSERT_EQ(SubmitAndWait(rig.sessions.get(), mine, Step(1, "", {{0, 50, 3}})).accepted, 0);
+    rig.sessions->Save(&saved);
+  }
+  ASSERT_EQ(saved.sessions_size(), 2);
+  std::map<std::string, const v1::IngestSessionState*> by_id;
+  for (const auto& s : saved.sessions()) by_id[s.stream_id()] = &s;
+  ASSERT_TRUE(by_id.count("actor-7"));
+  EXPECT_EQ(by_id["actor-7"]->last_sequence(), 5u);
+  ASSERT_EQ(by_id["actor-7"]->windows_size(), 1);
+  EXPECT_EQ(by_id["actor-7"]->windows(0).env_id(), 2u);
+  ASSERT_TRUE(by_id.count(""));
+
+  Rig rig;
+  ASSERT_TRUE(rig.sessions->Restore(saved).ok());
+  EXPECT_EQ(rig.sessions->num_sessions(), 1);
+  EXPECT_EQ(rig.sessions->pending_transitions(), 2);
+  rig.learner->Start();
+  rig.log->WaitForRows(1);  // the private window, flushed
+  ExpectRow(rig.log->Rows()[0], 50, 3, 0.5f, 51);
+  auto s = rig.sessions->Attach("actor-7", [] {});
+  EXPECT_TRUE(SubmitAndWait(rig.sessions.get(), s, Step(5, "actor-7", {{2, 0, 1}})).duplicate);
+  EXPECT_EQ(SubmitAndWait(rig.sessions.get(), s, Step(6, "actor-7", {{2, 2, 4}})).accepted, 1);
+  const auto rows = rig.log->Rows();
+  ASSERT_EQ(rows.size(), 2u);
+  ExpectRow(rows[1], 0, 1 + 0.5f * 2 + 0.25f * 4, 0.125f, 3);
+
+  // A window that does not fit the network is refused, naming the session.
+  v1::IngestState bad = saved;
+  bad.mutable_sessions(0)->mutable_windows(0)->add_obs(1);
+  absl::Status st = rig.sessions->Restore(bad);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(st.message().find(absl::StrCat("\"", bad.sessions(0).stream_id(), "\"")), std::string::npos) << st;
+}
+
+// Many concurrent streams over a few stream_ids with random resends,
+// takeovers and clean/unclean ends: once everything is flushed, the rows
+// inserted are exactly the acknowledged ones, each once.
+void RunProperty(uint32_t seed) {
+  Rig rig;
+  rig.learner->Start();
+  constexpr int kThreads = 8;
+  constexpr int kConnections = 60;  // per thread
+  const std::vector<std::string> ids = {"p0", "p1", "p2", "p3", ""};
+
+  struct Client {
+    absl::Mutex mu;
+    uint64_t next ABSL_GUARDED_BY(mu) = 0;
+    std::map<uint64_t, v1::TransitionBatch> sent ABSL_GUARDED_BY(mu);
+  };
+  std::map<std::string, Client> clients;
+  for (const auto& id : ids) clients[id];
+  std::atomic<int> next_tag{1};
+
+  absl::Mutex mu;
+  std::multiset<float> acked;  // tags of batches acknowledged as new
+  int duplicates = 0;
+
+  auto connection = [&](std::mt19937& rng) {
+    const std::string id = ids[rng() % ids.size()];
+    const bool step = id == "p0" || id == "p1" || (id.empty() && rng() % 2);
+    Client& shared = clients[id];
+    Client own;  // a private session numbers per connection
+    Client& client = id.empty() ? own : shared;
+    auto superseded = std::make_shared<std::atomic<bool>>(false);
+    auto s = rig.sessions->Attach(id, [superseded] { *superseded = true; });
+    const int batches = 1 + rng() % 6;
+    for (int b = 0; b < batches && !*superseded; ++b) {
+      absl::Notification done;
+      v1::TransitionBatch batch;
+      {
+        absl::MutexLock lock(&client.mu);
+        if (client.next > 0 && rng() % 4 == 0) {  // resend an old one
+          batch = client.sent[1 + rng() % client.next];
+        } else {
+          const int n = 1 + rng() % 4;
+          std::vector<float> tags;
+          std::vector<StepIn> steps;
+          for (int i = 0; i < n; ++i) {
+            const float tag = static_cast<float>(next_tag++);
+            tags.push_back(tag);
+            steps.push_back({static_cast<uint32_t>(rng() % 3), tag, 1, rng() % 5 == 0});
+          }
+          const uint64_t seq = ++client.next;
+          batch = step ? Step(seq, id, steps) : NStep(seq, id, tags);
+          client.sent[seq] = batch;
+        }
+        // Submitted under the client's lock: one client sends in sequence order.
+        rig.sessions->Submit(s, batch, [&](IngestOutcome o) {
+          EXPECT_TRUE(o.status.ok()) << o.status;
+          EXPECT_FALSE(o.error.has_value());
+          {
+            absl::MutexLock lock(&mu);
+            if (o.duplicate) {
+              ++duplicates;
+            } else {
+              for (float t : batch.obs()) acked.insert(t);
+            }
+          }
+          done.Notify();
+        });
+      }
+      done.WaitForNotification();
+    }
+    DetachAndWait(rig.sessions.get(), s, /*clean=*/rng() % 2 == 0);
+  };
+
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(seed * 1000 + t);
+      for (int c = 0; c < kConnections; ++c) connection(rng);
+    });
+  }
+  for (auto& t : threads) t.join();
+  rig.sessions->Expire(absl::Now() + absl::Seconds(61));  // flushes every window left by unclean ends
+  rig.learner->Stop();                                    // inserts everything queued
+  EXPECT_EQ(rig.sessions->pending_transitions(), 0);
+
+  std::multiset<float> inserted;
+  for (const Row& r : rig.log->Rows()) inserted.insert(r.obs);
+  for (float t : inserted) EXPECT_EQ(inserted.count(t), 1u) << "tag " << t << " inserted twice (seed " << seed << ")";
+  EXPECT_EQ(inserted, acked) << "seed " << seed;
+  EXPECT_GT(duplicates, 0);
+}
+
+TEST(IngestSessionsPropertyTest, InsertedEqualsAcknowledgedExactlyOnce) {
+  for (uint32_t seed : {1u, 2u, 3u, 4u, 5u, 6u}) RunProperty(seed);
+}
+
+}  // namespace
+}  // namespace qstream
