@@ -90,6 +90,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->learner_->SetHaltListener([health](bool halted) { health->SetServingStatus(!halted); });
   d->learner_->Start();
   d->metrics_->Start(absl::StrCat(Hostname(), ":", d->grpc_port_));
+  d->experience_->Open();
   health->SetServingStatus(true);
   return d;
 }

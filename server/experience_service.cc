@@ -278,6 +278,10 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ExperienceService::
   if (shutting_down_) {
     return new RejectReactor(grpc::Status(grpc::StatusCode::UNAVAILABLE, "qstreamd is shutting down"));
   }
+  if (!open_) {
+    return new RejectReactor(
+        grpc::Status(grpc::StatusCode::UNAVAILABLE, "qstreamd is starting (restoring a checkpoint); retry"));
+  }
   if (!counters_->TryOpenStream(config_.server().max_streams())) {
     return new RejectReactor(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                           absl::StrCat("server.max_streams = ", config_.server().max_streams(),
@@ -287,6 +291,11 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ExperienceService::
   streams_.insert(reactor.get());
   reactor->Begin();
   return reactor.get();
+}
+
+void ExperienceService::Open() {
+  absl::MutexLock lock(&mu_);
+  open_ = true;
 }
 
 void ExperienceService::BeginShutdown() {

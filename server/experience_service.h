@@ -41,6 +41,9 @@ class ExperienceService final
   // ack and then ends with UNAVAILABLE. Their sessions stay for a reconnect.
   // New streams are refused.
   void BeginShutdown() ABSL_LOCKS_EXCLUDED(mu_);
+  // Streams are refused with UNAVAILABLE until Open() (while a checkpoint is
+  // restored, the sessions must not change under the restore).
+  void Open() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   class StreamReactor;
@@ -62,6 +65,7 @@ class ExperienceService final
 
   mutable absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_set<StreamReactor*> streams_ ABSL_GUARDED_BY(mu_);
 };
 

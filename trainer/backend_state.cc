@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -36,6 +37,21 @@ ReplayState ResizeReplayState(const ReplayState& state, int64_t capacity) {
   out.size = keep;
   out.cursor = keep % capacity;
   return out;
+}
+
+absl::Status CheckNetworkState(const BackendState& state, int64_t num_params) {
+  for (const auto& [name, buf] : {std::pair<const char*, const std::vector<float>*>{"params", &state.params},
+                                  {"target", &state.target},
+                                  {"adam_m", &state.adam_m},
+                                  {"adam_v", &state.adam_v}}) {
+    if (static_cast<int64_t>(buf->size()) != num_params) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", buf->size(), " values, network has ", num_params));
+    }
+  }
+  if (state.applied_updates < 0 || state.steps < 0) {
+    return absl::InvalidArgumentError("steps/applied_updates: negative");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckReplayState(const ReplayState& state, const NetworkSpec& spec) {

@@ -47,6 +47,10 @@ struct BackendState {
   ReplayState replay;
 };
 
+// Checks the network part: four buffers of `num_params` values, counters >= 0.
+// InvalidArgument naming the buffer otherwise.
+absl::Status CheckNetworkState(const BackendState& state, int64_t num_params);
+
 // What LoadState replaces.
 enum class StateParts {
   kAll,      // network, optimizer, counters and (when has_replay) the replay

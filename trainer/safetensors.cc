@@ -155,7 +155,10 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view json,
 
   SafetensorsHeader header;
   header.data_start = 8 + json.size();
-  for (const auto& [key, value] : root.items()) {
+  for (const auto& item : root.items()) {
+    // Named copies, not structured bindings: clang 14 cannot capture those in the lambda below.
+    const std::string key = item.key();
+    const Json& value = item.value();
     if (key == "__metadata__") {
       if (!value.is_object()) return fail("__metadata__ is not an object");
       for (const auto& [mk, mv] : value.items()) {

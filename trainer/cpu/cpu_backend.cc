@@ -269,18 +269,7 @@ absl::Status CpuBackend::SaveState(bool include_replay, BackendState* out) {
 }
 
 absl::Status CpuBackend::LoadState(const BackendState& state, StateParts parts) {
-  const int64_t n = spec_.num_params;
-  for (const auto& [name, buf] : {std::pair<const char*, const std::vector<float>*>{"params", &state.params},
-                                  {"target", &state.target},
-                                  {"adam_m", &state.adam_m},
-                                  {"adam_v", &state.adam_v}}) {
-    if (static_cast<int64_t>(buf->size()) != n) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": ", buf->size(), " values, network has ", n));
-    }
-  }
-  if (state.applied_updates < 0 || state.steps < 0) {
-    return absl::InvalidArgumentError("steps/applied_updates: negative");
-  }
+  if (absl::Status st = CheckNetworkState(state, spec_.num_params); !st.ok()) return st;
   absl::MutexLock lock(&mu_);
   if (parts == StateParts::kAll) {
     if (state.has_replay) {

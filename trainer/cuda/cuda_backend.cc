@@ -745,15 +745,7 @@ absl::Status CudaBackend::SaveState(bool include_replay, BackendState* out) {
 
 absl::Status CudaBackend::LoadState(const BackendState& in, StateParts parts) {
   const size_t n = spec_.num_params;
-  for (const auto& [name, buf] : {std::pair<const char*, const std::vector<float>*>{"params", &in.params},
-                                  {"target", &in.target},
-                                  {"adam_m", &in.adam_m},
-                                  {"adam_v", &in.adam_v}}) {
-    if (buf->size() != n) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": ", buf->size(), " values, network has ", n));
-    }
-  }
-  if (in.applied_updates < 0 || in.steps < 0) return absl::InvalidArgumentError("steps/applied_updates: negative");
+  if (absl::Status st = CheckNetworkState(in, spec_.num_params); !st.ok()) return st;
   absl::MutexLock lock(&mu_);
   if (!error_.ok()) return error_;
   QS_RETURN_IF_ERROR(CloseWindow());
