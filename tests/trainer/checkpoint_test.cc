@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "tests/trainer/file_helpers.h"
 #include "trainer/config.h"
 #include "trainer/crc32c.h"
 
@@ -31,23 +32,10 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-std::string MakeTempDir() {
-  std::string tmpl = ::testing::TempDir() + "/checkpoint_test.XXXXXX";
-  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-  return tmpl;
-}
+using ::qstream::testing::ReadAll;
+using ::qstream::testing::WriteAll;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteAll(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+std::string MakeTempDir() { return ::qstream::testing::MakeTempDir("checkpoint_test"); }
 
 // Replaces a checkpoint's manifest (and its checksum) by an edited copy: a
 // manifest that is intact but says something else.

@@ -14,29 +14,17 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/trainer/file_helpers.h"
 
 namespace qstream {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string MakeTempDir() {
-  std::string tmpl = ::testing::TempDir() + "/safetensors_test.XXXXXX";
-  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-  return tmpl;
-}
+using ::qstream::testing::ReadAll;
+using ::qstream::testing::WriteAll;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteAll(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+std::string MakeTempDir() { return ::qstream::testing::MakeTempDir("safetensors_test"); }
 
 std::string Le64(uint64_t n) {
   std::string out(8, '\0');
