@@ -228,9 +228,32 @@ TEST(DurabilityE2E, KillNineDuringCheckpointWriteKeepsThePreviousOne) {
   EXPECT_FALSE(slow.get().ok());
   EXPECT_FALSE(fs::exists(root.path() + "/doomed"));
 
-  auto e = Start(config, {"--checkpoint_dir=" + root.path(), "--restore=latest"});
-  EXPECT_NE(e.process->output().find("/good: learner step"), std::string::npos) << e.process->output();
-  const v1::StatusResponse s = GetStatus(Channel(e));
+  // Restart on a known port, polling health from the start: NOT_SERVING while
+  // the ~125 MB checkpoint is read and loaded, then SERVING.
+  const int port = testing::FreePort();
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  auto e = testing::ChildProcess::Spawn(
+      {testing::BuildDir() + "/qstreamd", "--listen=" + address, "--metrics_listen=", "--backend=cpu",
+       "--config=" + testing::WriteTempFile("durable-big.txt", config), "--checkpoint_dir=" + root.path(),
+       "--restore=latest"});
+  // Reconnect at once while the port is not bound yet (the default backoff
+  // would sleep through the restore).
+  grpc::ChannelArguments fast;
+  fast.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 10);
+  fast.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10);
+  fast.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 20);
+  auto health_channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), fast);
+  bool saw_not_serving = false;
+  ASSERT_TRUE(WaitFor([&] {
+    const int h = testing::HealthStatus(health_channel);
+    saw_not_serving |= h == 2;
+    return h == 1;
+  }));
+  EXPECT_TRUE(saw_not_serving);
+  ASSERT_TRUE(e->WaitForLine("listening grpc=", absl::Seconds(30)).has_value());
+  EXPECT_NE(e->output().find("/good: learner step"), std::string::npos) << e->output();
+  grpc::ChannelArguments args;
+  const v1::StatusResponse s = GetStatus(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   EXPECT_EQ(s.replay_size(), 60 * 1024);
   EXPECT_GE(s.learner_steps(), good.learner_steps());
 }
@@ -324,6 +347,18 @@ TEST(DurabilityE2E, AdminCheckpointTakesNamesNotPaths) {
     ASSERT_EQ(stat(f.path().c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u) << f.path();
   }
+  // The checkpoint metrics on /metrics.
+  ASSERT_TRUE(WaitFor([&] {
+    const auto m = testing::ParseMetrics(testing::HttpGet(d.metrics_port, "/metrics"));
+    auto it = m.find("qstream_checkpoints_written_total");
+    return it != m.end() && it->second >= 1;
+  }));
+  const auto metrics = testing::ParseMetrics(testing::HttpGet(d.metrics_port, "/metrics"));
+  EXPECT_GT(metrics.at("qstream_checkpoint_bytes"), 0);
+  EXPECT_GE(metrics.at("qstream_checkpoint_last_step"), 0);
+  EXPECT_GT(metrics.at("qstream_checkpoint_last_timestamp_seconds"), 1.7e9);
+  EXPECT_EQ(metrics.at("qstream_checkpoint_failures_total{reason=\"write\"}"), 0);
+  EXPECT_EQ(metrics.at("qstream_learner_halted"), 0);
   const int64_t steps_before_term = GetStatus(channel).learner_steps();
   d.process->Signal(SIGTERM);
   ASSERT_EQ(d.process->Wait(absl::Seconds(30)), 0);

@@ -13,6 +13,7 @@
 #include <limits>
 #include <fstream>
 #include <regex>
+#include <future>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -20,6 +21,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
 
 namespace qstream::testing {
 
@@ -212,6 +215,26 @@ std::vector<std::string> MetricTypes(const std::string& text) {
     names.emplace_back(line.substr(0, line.find(' ')));
   }
   return names;
+}
+
+// grpc.health.v1.Health/Check for service "" through a generic stub (the
+// health proto's C++ stubs are not installed): the response is field 1,
+// the enum status, SERVING = 1.
+int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  grpc::Slice empty_slice("");  // HealthCheckRequest{service: ""} is empty
+  grpc::ByteBuffer request(&empty_slice, 1);
+  grpc::ByteBuffer response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  if (!done.get_future().get().ok()) return -1;
+  grpc::Slice slice;
+  if (!response.DumpToSingleSlice(&slice).ok()) return -1;
+  const std::string bytes(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  if (bytes.empty()) return 0;  // UNKNOWN, the default, is not on the wire
+  return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
 }
 
 }  // namespace qstream::testing

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "grpcpp/channel.h"
 
 namespace qstream::testing {
 
@@ -59,6 +60,10 @@ int FreePort();
 std::string HttpGet(int port, const std::string& path);
 // "name{labels}" -> value for every sample line of a Prometheus text page.
 std::map<std::string, double> ParseMetrics(const std::string& text);
+// grpc.health.v1.Health/Check for service "": 1 SERVING, 2 NOT_SERVING,
+// 0 UNKNOWN, -1 when the call fails.
+int HealthStatus(const std::shared_ptr<grpc::Channel>& channel);
+
 // Metric family names that have a "# TYPE" line.
 std::vector<std::string> MetricTypes(const std::string& text);
 
