@@ -6,7 +6,10 @@
 // carries a unique tag in obs[0].
 #include "server/ingest_sessions.h"
 
+#include <unistd.h>
+
 #include <atomic>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <random>
@@ -20,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/cpu/cpu_backend.h"
 
@@ -530,6 +534,116 @@ void RunProperty(uint32_t seed) {
 
 TEST(IngestSessionsPropertyTest, InsertedEqualsAcknowledgedExactlyOnce) {
   for (uint32_t seed : {1u, 2u, 3u, 4u, 5u, 6u}) RunProperty(seed);
+}
+
+// The same streams with a checkpoint taken at a random moment while they run,
+// then a "crash" (everything after the checkpoint is lost) and a restore into
+// a new learner and new sessions, after which every client resends all it
+// ever sent. Each transition ends up in the replay exactly once: what the
+// checkpoint held is acknowledged as duplicate, the rest is inserted again.
+void RunRestartProperty(uint32_t seed) {
+  const std::string dir = absl::StrCat(std::filesystem::temp_directory_path().string(), "/qstream-ingest-restart-",
+                                       getpid(), "-", seed);
+  std::filesystem::remove_all(dir);
+  const std::vector<std::string> ids = {"r0", "r1", "r2", "r3"};  // named: resumable
+  struct Client {
+    absl::Mutex mu;
+    uint64_t next ABSL_GUARDED_BY(mu) = 0;
+    std::map<uint64_t, v1::TransitionBatch> sent ABSL_GUARDED_BY(mu);
+  };
+  std::map<std::string, Client> clients;
+  for (const auto& id : ids) clients[id];
+  std::set<float> all_tags;
+  absl::Mutex tags_mu;
+  std::atomic<int> next_tag{1};
+  {
+    Rig rig;
+    rig.learner->EnableCheckpoints(dir, [&rig](v1::CheckpointManifest* m) { rig.sessions->Save(m->mutable_ingest()); });
+    rig.learner->Start();
+    std::atomic<int> connections_done{0};
+    auto connection = [&](std::mt19937& rng) {
+      const std::string id = ids[rng() % ids.size()];
+      const bool step = id == "r0" || id == "r1";
+      Client& client = clients[id];
+      auto superseded = std::make_shared<std::atomic<bool>>(false);
+      auto s = rig.sessions->Attach(id, [superseded] { *superseded = true; });
+      const int batches = 1 + rng() % 6;
+      for (int b = 0; b < batches && !*superseded; ++b) {
+        absl::Notification done;
+        absl::MutexLock lock(&client.mu);
+        v1::TransitionBatch batch;
+        if (client.next > 0 && rng() % 4 == 0) {
+          batch = client.sent[1 + rng() % client.next];
+        } else {
+          std::vector<float> tags;
+          std::vector<StepIn> steps;
+          for (int i = 0, n = 1 + static_cast<int>(rng() % 4); i < n; ++i) {
+            const float tag = static_cast<float>(next_tag++);
+            tags.push_back(tag);
+            steps.push_back({static_cast<uint32_t>(rng() % 3), tag, 1, rng() % 5 == 0});
+            absl::MutexLock t(&tags_mu);
+            all_tags.insert(tag);
+          }
+          const uint64_t seq = ++client.next;
+          batch = step ? Step(seq, id, steps) : NStep(seq, id, tags);
+          client.sent[seq] = batch;
+        }
+        rig.sessions->Submit(s, batch, [&](IngestOutcome o) {
+          EXPECT_TRUE(o.status.ok()) << o.status;
+          done.Notify();
+        });
+        done.WaitForNotification();
+      }
+      DetachAndWait(rig.sessions.get(), s, /*clean=*/rng() % 2 == 0);
+      ++connections_done;
+    };
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 6; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937 rng(seed * 7919 + t);
+        for (int c = 0; c < 40; ++c) connection(rng);
+      });
+    }
+    // The checkpoint lands somewhere in the middle of the traffic.
+    std::mt19937 pick(seed);
+    const int at = 20 + static_cast<int>(pick() % 160);
+    while (connections_done < at) std::this_thread::yield();
+    absl::Notification written;
+    rig.learner->RequestCheckpoint("cut", [&](const absl::StatusOr<CheckpointWriteResult>& r) {
+      EXPECT_TRUE(r.ok()) << r.status();
+      written.Notify();
+    });
+    written.WaitForNotification();
+    for (auto& t : threads) t.join();
+  }  // the crash: this learner and its sessions are gone
+
+  auto data = ReadCheckpoint(dir + "/cut");
+  ASSERT_TRUE(data.ok()) << data.status();
+  Rig rig;
+  ASSERT_TRUE(rig.learner->Restore(*data).ok());
+  ASSERT_TRUE(rig.sessions->Restore(data->manifest.ingest()).ok());
+  rig.learner->Start();
+  int duplicates = 0;
+  for (const auto& id : ids) {
+    Client& client = clients[id];
+    auto s = rig.sessions->Attach(id, [] {});
+    absl::MutexLock lock(&client.mu);
+    for (const auto& [seq, batch] : client.sent) duplicates += SubmitAndWait(rig.sessions.get(), s, batch).duplicate;
+    DetachAndWait(rig.sessions.get(), s, /*clean=*/true);
+  }
+  rig.learner->Stop();
+  std::multiset<float> inserted;
+  for (int64_t i = 0; i < data->state.replay.size; ++i) inserted.insert(data->state.replay.rows.obs[i]);
+  for (const Row& r : rig.log->Rows()) inserted.insert(r.obs);
+  for (float t : inserted) EXPECT_EQ(inserted.count(t), 1u) << "tag " << t << " inserted twice (seed " << seed << ")";
+  EXPECT_EQ(std::set<float>(inserted.begin(), inserted.end()), all_tags) << "seed " << seed;
+  EXPECT_EQ(inserted.size(), all_tags.size()) << "seed " << seed;
+  EXPECT_GT(duplicates, 0) << "seed " << seed;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(IngestSessionsPropertyTest, AfterACheckpointCrashAndFullResendEveryTransitionIsInOnce) {
+  for (uint32_t seed : {1u, 2u, 3u, 4u}) RunRestartProperty(seed);
 }
 
 }  // namespace
