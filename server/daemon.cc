@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->learner_->Start();
   d->metrics_->Start(absl::StrCat(Hostname(), ":", d->grpc_port_));
   d->experience_->Open();
+  d->policy_->Open();
   health->SetServingStatus(true);
   return d;
 }

@@ -110,11 +110,19 @@ class PolicyService::WatchReactor final : public grpc::ServerWriteReactor<v1::Po
   v1::Policy message_;  // the write in flight
 };
 
+namespace {
+constexpr char kStarting[] = "qstreamd is starting (restoring a checkpoint); retry";
+}  // namespace
+
 PolicyService::PolicyService(Learner* learner) : learner_(learner), config_(learner->config()) {}
 
 grpc::ServerUnaryReactor* PolicyService::GetPolicy(grpc::CallbackServerContext* context,
                                                    const v1::GetPolicyRequest* /*request*/, v1::Policy* response) {
   auto* reactor = context->DefaultReactor();
+  if (!opened()) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, kStarting));
+    return reactor;
+  }
   auto snapshot = learner_->policy();
   if (snapshot == nullptr) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no policy published yet"));
@@ -129,7 +137,7 @@ namespace {
 
 class RefuseWatch final : public grpc::ServerWriteReactor<v1::Policy> {
  public:
-  RefuseWatch() { Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "qstreamd is shutting down")); }
+  explicit RefuseWatch(const char* why) { Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, why)); }
   void OnDone() override { delete this; }
 };
 
@@ -138,7 +146,8 @@ class RefuseWatch final : public grpc::ServerWriteReactor<v1::Policy> {
 grpc::ServerWriteReactor<v1::Policy>* PolicyService::WatchPolicy(grpc::CallbackServerContext* context,
                                                                  const v1::WatchPolicyRequest* request) {
   absl::MutexLock lock(&mu_);
-  if (shutting_down_) return new RefuseWatch();
+  if (shutting_down_) return new RefuseWatch("qstreamd is shutting down");
+  if (!opened()) return new RefuseWatch(kStarting);
   auto* watcher = new WatchReactor(this, request->after_version());
   watchers_.emplace(watcher, context);
   return watcher;
@@ -159,6 +168,10 @@ grpc::ServerUnaryReactor* PolicyService::Evaluate(grpc::CallbackServerContext* c
                                                   const v1::EvaluateRequest* request,
                                                   v1::EvaluateResponse* response) {
   auto* reactor = context->DefaultReactor();
+  if (!opened()) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, kStarting));
+    return reactor;
+  }
   const int64_t n = request->count();
   const int obs_dim = config_.network().obs_dim();
   const int64_t max_n = config_.server().max_batch_transitions();

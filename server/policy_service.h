@@ -4,6 +4,7 @@
 // (Evaluate).
 #pragma once
 
+#include <atomic>
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
@@ -32,13 +33,19 @@ class PolicyService final : public v1::PolicyService::CallbackService {
 
   // Cancels every open WatchPolicy stream and refuses new ones.
   void BeginShutdown() ABSL_LOCKS_EXCLUDED(mu_);
+  // Every call is refused with UNAVAILABLE until Open(), so nobody is served
+  // the initial weights while a checkpoint is being restored.
+  void Open() { open_.store(true, std::memory_order_release); }
 
  private:
   class WatchReactor;
   void Unregister(WatchReactor* watcher) ABSL_LOCKS_EXCLUDED(mu_);
 
+  bool opened() const { return open_.load(std::memory_order_acquire); }
+
   Learner* const learner_;
   const v1::TrainerConfig config_;
+  std::atomic<bool> open_{false};
   absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<WatchReactor*, grpc::CallbackServerContext*> watchers_ ABSL_GUARDED_BY(mu_);
