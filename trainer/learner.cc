@@ -432,6 +432,7 @@ void Learner::HandleRepeatedTrips(const StepStats& stats, int64_t steps) {
     absl::MutexLock lock(&mu_);
     halted_ = true;
     paused_ = true;
+    status_.steps = steps;  // the halted step count, visible with the halt
     status_.halted = true;
     status_.halt_reason = why;
   }
