@@ -273,12 +273,16 @@ TEST(QstreamdE2E, TrainsFromStreamsAndExportsEveryMetric) {
   EXPECT_EQ(nstep.errors() + step.errors(), 0);
   // No accepted transition is lost: with a replay larger than everything
   // sent, its size is exactly the sum of the acks.
-  // The step stream's half-close flushed its open windows (5 envs x at
-  // most n - 1 = 2 steps) before it ended with OK.
+  // The step stream's half-close flushed its open windows before it ended
+  // with OK: per env, the steps since its last episode end, at most n - 1 = 2
+  // (StepBatch: 5 envs, 64 steps a batch, episodes of 7 steps).
   const v1::StatusResponse s3 = GetStatus(channel);
   const int64_t flushed = s3.replay_size() - nstep.accepted() - step.accepted();
-  EXPECT_GE(flushed, 1);
-  EXPECT_LE(flushed, 10);
+  std::vector<int64_t> open(5, 0);
+  for (int64_t t = 0; t < step.acks() * 64; ++t) open[t % 5] = (t / 5) % 7 == 6 ? 0 : std::min<int64_t>(open[t % 5] + 1, 2);
+  int64_t expected_flush = 0;
+  for (int64_t o : open) expected_flush += o;
+  EXPECT_EQ(flushed, expected_flush);
   EXPECT_EQ(s3.transitions_ingested(), s3.replay_size());
   EXPECT_GT(step.accepted(), 0);
   EXPECT_LT(step.accepted(), step.acks() * 64);
