@@ -366,6 +366,8 @@ TEST(IngestSessionsTest, ExpireFlushesWindowsThenForgetsRecords) {
   DetachAndWait(rig.sessions.get(), s, /*clean=*/false);
   rig.sessions->Expire(absl::Now() + absl::Seconds(61));
   rig.log->WaitForRows(2);
+  // The rows are in the replay; the flush commits (windows cleared) right after.
+  while (rig.sessions->pending_transitions() > 0) std::this_thread::yield();
   const auto rows = rig.log->Rows();
   ExpectRow(rows[0], 0, 1 + 0.5f * 2, 0.25f, 2);
   ExpectRow(rows[1], 1, 2, 0.5f, 2);
