@@ -61,7 +61,6 @@ void Checkpointer::Run() {
     }
     const int64_t step = job.data.manifest.learner_step();
     absl::StatusOr<CheckpointWriteResult> result = WriteCheckpoint(root_, job.name, job.data);
-    if (result.ok()) result->learner_step = step;
     job.data = CheckpointData{};  // the snapshot can be large: free it before pruning
     absl::Status pruned = absl::OkStatus();
     if (result.ok()) pruned = PruneCheckpoints(root_, keep_);

@@ -41,6 +41,19 @@ void AppendStepTimes(std::vector<std::pair<double, int64_t>>* dst,
   *dst = std::move(merged);
 }
 
+// The network part of a state (what a guard rollback loads), without the replay.
+std::shared_ptr<const Learner::GoodNetwork> NetworkPart(const BackendState& state) {
+  auto good = std::make_shared<Learner::GoodNetwork>();
+  good->step = state.steps;
+  good->state.steps = state.steps;
+  good->state.applied_updates = state.applied_updates;
+  good->state.params = state.params;
+  good->state.target = state.target;
+  good->state.adam_m = state.adam_m;
+  good->state.adam_v = state.adam_v;
+  return good;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Learner>> Learner::Create(const v1::TrainerConfig& config,
@@ -180,9 +193,7 @@ void Learner::EnableCheckpoints(const std::string& root, SnapshotHook hook) {
   }
   absl::MutexLock lock(&mu_);
   status_.checkpoints_enabled = true;
-  if (config_.checkpoint().every_seconds() > 0) {
-    next_checkpoint_time_ = absl::Now() + absl::Seconds(config_.checkpoint().every_seconds());
-  }
+  RestartCheckpointTimerLocked();
 }
 
 absl::Status Learner::Restore(const CheckpointData& data) {
@@ -204,14 +215,7 @@ absl::Status Learner::Restore(const CheckpointData& data) {
     status_.last_stats.step = data.state.steps;
     checkpoint_step_ = data.state.steps;
     checkpoint_inserts_ = status_.batches_inserted;
-    if (data.state.consecutive_trips == 0) {
-      auto good = std::make_shared<GoodNetwork>();
-      good->step = data.state.steps;
-      good->state = data.state;
-      good->state.has_replay = false;
-      good->state.replay = ReplayState{};
-      good_network_ = std::move(good);
-    }
+    if (data.state.consecutive_trips == 0) good_network_ = NetworkPart(data.state);
   }
   refreshed_at_step_ = -1;
   int64_t version = m.policy_version();
@@ -236,7 +240,6 @@ void Learner::RequestCheckpoint(const std::string& name, CheckpointDone done) {
 }
 
 absl::StatusOr<CheckpointData> Learner::Snapshot() {
-  const auto start = std::chrono::steady_clock::now();
   CheckpointData data;
   if (absl::Status st = backend_->SaveState(config_.checkpoint().include_replay(), &data.state); !st.ok()) {
     return st;
@@ -269,8 +272,12 @@ absl::StatusOr<CheckpointData> Learner::Snapshot() {
     m.set_transitions_inserted(status_.transitions_inserted);
   }
   if (snapshot_hook_) snapshot_hook_(&m);
-  (void)start;
   return data;
+}
+
+void Learner::RestartCheckpointTimerLocked() {
+  const double every = config_.checkpoint().every_seconds();
+  next_checkpoint_time_ = every > 0 ? absl::Now() + absl::Seconds(every) : absl::InfiniteFuture();
 }
 
 bool Learner::CheckpointDueLocked(int64_t steps, absl::Time now) const {
@@ -291,9 +298,7 @@ void Learner::MaybeCheckpoint(int64_t steps) {
     const absl::Time now = absl::Now();
     if (!CheckpointDueLocked(steps, now)) {
       // Nothing new: the time trigger starts over.
-      if (!writing_checkpoint_ && now >= next_checkpoint_time_ && config_.checkpoint().every_seconds() > 0) {
-        next_checkpoint_time_ = now + absl::Seconds(config_.checkpoint().every_seconds());
-      }
+      if (!writing_checkpoint_ && now >= next_checkpoint_time_) RestartCheckpointTimerLocked();
       return;
     }
     if (!checkpoint_requests_.empty()) {
@@ -311,33 +316,19 @@ void Learner::MaybeCheckpoint(int64_t steps) {
     {
       absl::MutexLock lock(&mu_);
       writing_checkpoint_ = false;
-      if (config_.checkpoint().every_seconds() > 0) {
-        next_checkpoint_time_ = absl::Now() + absl::Seconds(config_.checkpoint().every_seconds());
-      }
+      RestartCheckpointTimerLocked();
     }
     if (request.done) request.done(data.status());
     return;
   }
   const int64_t step = data->state.steps;
-  const bool good = data->state.consecutive_trips == 0;
-  std::shared_ptr<GoodNetwork> network;
-  if (good) {
-    network = std::make_shared<GoodNetwork>();
-    network->step = step;
-    network->state.steps = step;
-    network->state.applied_updates = data->state.applied_updates;
-    network->state.params = data->state.params;
-    network->state.target = data->state.target;
-    network->state.adam_m = data->state.adam_m;
-    network->state.adam_v = data->state.adam_v;
-  }
+  std::shared_ptr<const GoodNetwork> network;
+  if (data->state.consecutive_trips == 0) network = NetworkPart(data->state);
   {
     absl::MutexLock lock(&mu_);
     checkpoint_step_ = step;
     checkpoint_inserts_ = status_.batches_inserted;
-    if (config_.checkpoint().every_seconds() > 0) {
-      next_checkpoint_time_ = absl::Now() + absl::Seconds(config_.checkpoint().every_seconds());
-    }
+    RestartCheckpointTimerLocked();
   }
   const std::string name = request.name.empty() ? AutoCheckpointName(step) : request.name;
   checkpointer_->Write(name, *std::move(data), snapshot_seconds,

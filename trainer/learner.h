@@ -88,6 +88,11 @@ class Learner {
   using SnapshotHook = std::function<void(v1::CheckpointManifest*)>;
   using CheckpointDone = std::function<void(const absl::StatusOr<CheckpointWriteResult>&)>;
   using HaltListener = std::function<void(bool halted)>;
+  // The network part of the newest good checkpoint, for a guard rollback.
+  struct GoodNetwork {
+    int64_t step = -1;
+    BackendState state;  // no replay
+  };
 
   static absl::StatusOr<std::unique_ptr<Learner>> Create(const v1::TrainerConfig& config,
                                                          std::unique_ptr<Backend> backend);
@@ -164,6 +169,7 @@ class Learner {
   // Takes and hands over a checkpoint when one is requested or due.
   void MaybeCheckpoint(int64_t steps) ABSL_LOCKS_EXCLUDED(mu_);
   bool CheckpointDueLocked(int64_t steps, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RestartCheckpointTimerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Acts on a run of guard trips (rollback or halt).
   void HandleRepeatedTrips(const StepStats& stats, int64_t steps) ABSL_LOCKS_EXCLUDED(mu_);
   void PublishVersion(int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
@@ -171,11 +177,6 @@ class Learner {
   struct CheckpointRequest {
     std::string name;
     CheckpointDone done;
-  };
-  // The network part of the newest good checkpoint, for a guard rollback.
-  struct GoodNetwork {
-    int64_t step = -1;
-    BackendState state;  // no replay
   };
 
   const v1::TrainerConfig config_;
