@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <system_error>
 #include <utility>
@@ -229,14 +230,13 @@ absl::StatusOr<uint64_t> WriteFiles(const std::string& dir, const CheckpointData
   return total + m->bytes + c->bytes;
 }
 
-// The whole small file at `path` (the manifest and its checksum).
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_view name) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno("open", name);
-  std::string out;
-  char buf[1 << 16];
+// Reads the open `fd` to its end in chunks of `chunk_bytes`, handing each to
+// `consume`, and closes it.
+absl::Status ReadChunks(int fd, absl::string_view name, size_t chunk_bytes,
+                        const std::function<void(const char*, size_t)>& consume) {
+  std::vector<char> buf(chunk_bytes);
   for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
     if (n < 0) {
       if (errno == EINTR) continue;
       absl::Status s = Errno("read", name);
@@ -244,9 +244,20 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_
       return s;
     }
     if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
+    consume(buf.data(), static_cast<size_t>(n));
   }
   ::close(fd);
+  return absl::OkStatus();
+}
+
+// The whole small file at `path` (the manifest and its checksum).
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_view name) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("open", name);
+  std::string out;
+  if (absl::Status st = ReadChunks(fd, name, 1 << 16, [&](const char* p, size_t n) { out.append(p, n); }); !st.ok()) {
+    return st;
+  }
   return out;
 }
 
@@ -262,21 +273,12 @@ absl::StatusOr<FileSum> ChecksumFile(const std::string& path, absl::string_view 
     return Errno("open", name);
   }
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  std::vector<char> buf(kReadChunk);
   FileSum sum;
-  for (;;) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      absl::Status s = Errno("read", name);
-      ::close(fd);
-      return s;
-    }
-    if (n == 0) break;
-    sum.crc32c = Crc32cExtend(sum.crc32c, buf.data(), static_cast<size_t>(n));
-    sum.bytes += static_cast<uint64_t>(n);
-  }
-  ::close(fd);
+  absl::Status st = ReadChunks(fd, name, kReadChunk, [&sum](const char* p, size_t n) {
+    sum.crc32c = Crc32cExtend(sum.crc32c, p, n);
+    sum.bytes += n;
+  });
+  if (!st.ok()) return st;
   return sum;
 }
 
