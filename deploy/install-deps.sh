@@ -10,7 +10,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates curl
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libeigen3-dev libgtest-dev libgmock-dev
-  libisal-dev nlohmann-json3-dev
+  libisal-dev nlohmann-json3-dev libssl-dev openssl
   python3 python3-pip python3-venv
   prometheus-pushgateway
 )

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/grpc_status.h"
+#include "server/security.h"
 #include "trainer/checkpoint.h"
 #include "qstream/version.h"
 
@@ -50,12 +51,19 @@ v1::StatusResponse BuildStatus(const LearnerStatus& s, const IngestCounters& cou
   return r;
 }
 
-AdminService::AdminService(Learner* learner, const IngestCounters* counters, const Metrics* metrics)
-    : learner_(learner), counters_(counters), metrics_(metrics) {}
+AdminService::AdminService(Learner* learner, const IngestCounters* counters, const Metrics* metrics,
+                           TokenAuthorizer* authorizer)
+    : learner_(learner), counters_(counters), metrics_(metrics), authorizer_(authorizer) {}
 
 grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* context,
                                                const v1::StatusRequest* /*request*/, v1::StatusResponse* response) {
   *response = BuildStatus(learner_->status(), *counters_, learner_->config(), metrics_->recent_step_seconds());
+  // Access to Status itself was decided by the token check (server/security.h);
+  // this only leaves out what an observer may not read.
+  if (!CallerIsAdmin(*context, authorizer_)) {
+    response->clear_config();
+    response->set_config_redacted(true);
+  }
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -1,10 +1,12 @@
-// AdminService: Status (learner + ingest counters + effective config),
+// AdminService: Status (learner + ingest counters + effective config, the
+// config for admin callers only when roles are on),
 // Checkpoint, Pause, Resume. Each RPC translates to one Learner call.
 #pragma once
 
 #include "qstream/v1/admin.grpc.pb.h"
 #include "server/ingest_counters.h"
 #include "server/metrics.h"
+#include "server/security.h"
 #include "trainer/learner.h"
 
 namespace qstream {
@@ -16,8 +18,9 @@ v1::StatusResponse BuildStatus(const LearnerStatus& learner, const IngestCounter
 
 class AdminService final : public v1::AdminService::CallbackService {
  public:
-  // Arguments must outlive the service.
-  AdminService(Learner* learner, const IngestCounters* counters, const Metrics* metrics);
+  // Arguments must outlive the service. `authorizer` (null without
+  // --auth_tokens): Status then includes the config for admin only.
+  AdminService(Learner* learner, const IngestCounters* counters, const Metrics* metrics, TokenAuthorizer* authorizer = nullptr);
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context, const v1::StatusRequest* request,
                                    v1::StatusResponse* response) override;
@@ -32,6 +35,7 @@ class AdminService final : public v1::AdminService::CallbackService {
   Learner* const learner_;
   const IngestCounters* const counters_;
   const Metrics* const metrics_;
+  TokenAuthorizer* const authorizer_;
 };
 
 }  // namespace qstream

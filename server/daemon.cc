@@ -11,7 +11,6 @@
 #include "absl/synchronization/notification.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
@@ -32,10 +31,30 @@ std::string Hostname() {
   return name;
 }
 
+// Takes gRPC's reflection plugin off a builder: libgrpc++_reflection
+// registers it for every server at load time, and reflection is served only
+// with --reflection.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments* /*args*/) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    std::erase_if(*plugins, [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
+      return dynamic_cast<grpc::reflection::ProtoServerReflectionPlugin*>(p.get()) != nullptr;
+    });
+  }
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   if (auto st = ValidateConfig(options.config); !st.ok()) return st;
+  if (auto st = CheckSecurityOptions(options.security, options.listen); !st.ok()) return st;
+  std::shared_ptr<TokenAuthorizer> authorizer;
+  if (!options.security.auth_tokens.empty()) {
+    auto created = TokenAuthorizer::Create(options.security.auth_tokens);
+    if (!created.ok()) return created.status();
+    authorizer = std::move(*created);
+  }
   if (options.restore == "latest" && options.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("--restore=latest: needs --checkpoint_dir");
   }
@@ -48,6 +67,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   std::unique_ptr<Daemon> d(new Daemon(options));
   d->learner_ = std::move(*learner);
+  d->authorizer_ = authorizer;
   if (!options.checkpoint_dir.empty()) {
     Daemon* raw = d.get();
     // The ingest sessions are part of every snapshot (consistent with the replay).
@@ -62,12 +82,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->sessions_->Start();
   d->experience_ = std::make_unique<ExperienceService>(d->learner_.get(), *spec, &d->counters_, d->sessions_.get());
   d->policy_ = std::make_unique<PolicyService>(d->learner_.get());
-  d->admin_ = std::make_unique<AdminService>(d->learner_.get(), &d->counters_, d->metrics_.get());
+  d->admin_ = std::make_unique<AdminService>(d->learner_.get(), &d->counters_, d->metrics_.get(),
+                                             authorizer.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &d->grpc_port_);
+  if (!options.security.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
+  builder.AddListeningPort(options.listen, MakeServerCredentials(options.security, options.listen, authorizer),
+                           &d->grpc_port_);
   builder.SetMaxReceiveMessageSize(options.config.server().max_message_bytes());
   builder.RegisterService(d->experience_.get());
   builder.RegisterService(d->policy_.get());
@@ -97,6 +120,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 }
 
 Daemon::~Daemon() { Shutdown(absl::ZeroDuration()); }
+
+absl::Status Daemon::Reload() {
+  if (authorizer_ == nullptr) return absl::OkStatus();
+  return authorizer_->Reload();
+}
 
 void Daemon::Shutdown(absl::Duration deadline) {
   if (shut_down_) return;
@@ -181,7 +209,8 @@ std::string Daemon::StartupLine() const {
   const LearnerStatus s = learner_->status();
   return absl::StrCat("qstreamd ", QSTREAM_VERSION, " (", QSTREAM_GIT_COMMIT, ") backend=", s.backend, " device=\"",
                       s.device, "\" config: ", ConfigSummary(options_.config), " | listening grpc=", grpc_address(),
-                      " metrics=", metrics_address().empty() ? "off" : metrics_address());
+                      " metrics=", metrics_address().empty() ? "off" : metrics_address(),
+                      " security=", SecuritySummary(options_.security, authorizer_.get()));
 }
 
 }  // namespace qstream

@@ -1,6 +1,6 @@
 // Daemon: the whole qstreamd service in one object (learner, gRPC server with
-// ExperienceService, PolicyService, AdminService, health and reflection, and
-// the metrics export), started and shut down in the right order. Used by
+// ExperienceService, PolicyService, AdminService, health and optional
+// reflection behind the security of server/security.h, and the metrics export), started and shut down in the right order. Used by
 // qstreamd's main and by the in-process ingest benchmark.
 #pragma once
 
@@ -17,6 +17,7 @@
 #include "server/ingest_sessions.h"
 #include "server/metrics.h"
 #include "server/policy_service.h"
+#include "server/security.h"
 #include "trainer/backends/backend_factory.h"
 #include "trainer/learner.h"
 
@@ -27,6 +28,9 @@ struct DaemonOptions {
   BackendKind backend = BackendKind::kAuto;
   // gRPC address, host:port; port 0 picks a free port.
   std::string listen = "127.0.0.1:50051";
+  // TLS, tokens, reflection (server/security.h). The default serves
+  // plaintext to loopback peers only, without tokens.
+  SecurityOptions security;
   MetricsOptions metrics;
   // Checkpoint root (README "Checkpoints"); empty: no checkpoints.
   std::string checkpoint_dir;
@@ -58,6 +62,12 @@ class Daemon {
   std::string metrics_address() const;
   // The one start-up log line: version, backend, device, config, ports.
   std::string StartupLine() const;
+  // SIGHUP: re-reads the token file (the previous tokens stay on error).
+  // Certificates are re-read by gRPC's file watcher on its own period.
+  absl::Status Reload();
+  // Null without --auth_tokens.
+  const TokenAuthorizer* authorizer() const { return authorizer_.get(); }
+
   // "" or the checkpoint directory the daemon restored from.
   const std::string& restored_from() const { return restored_from_; }
 
@@ -74,6 +84,7 @@ class Daemon {
   IngestCounters counters_;
   std::unique_ptr<Learner> learner_;
   std::unique_ptr<Metrics> metrics_;
+  std::shared_ptr<TokenAuthorizer> authorizer_;
   std::unique_ptr<IngestSessions> sessions_;
   std::unique_ptr<ExperienceService> experience_;
   std::unique_ptr<PolicyService> policy_;

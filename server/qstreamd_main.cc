@@ -1,6 +1,7 @@
 // qstreamd: trains a C51 DQN from experience streamed by actors over gRPC.
-// Exit codes: 0 after a clean shutdown on SIGINT/SIGTERM, 1 when a port or
-// the backend cannot be set up, 2 for bad flags or config.
+// SIGHUP re-reads the token file. Exit codes: 0 after a clean shutdown on
+// SIGINT/SIGTERM, 1 when a port or the backend cannot be set up, 2 for bad
+// flags, config or security options.
 #include <signal.h>
 
 #include <cstdio>
@@ -32,6 +33,20 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(std::string, restore, "",
           "latest: continue from the newest good checkpoint under --checkpoint_dir (fresh when none); "
           "DIR: from that checkpoint directory; empty: start fresh");
+// Security (README "Security"). Secrets are read from files, never taken on
+// the command line.
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of the gRPC port; with --tls_key turns TLS on");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle; clients must present a certificate it verifies (mTLS)");
+ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(60),
+          "How often gRPC re-reads the TLS files (new connections use the new ones; open streams stay)");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "Token file: `<role> <token>` or `<role> sha256:<hex>` a line, roles actor|observer|admin; "
+          "re-read on SIGHUP. Empty: no tokens");
+ABSL_FLAG(bool, allow_insecure, false,
+          "Allow a non-loopback --listen without TLS, or without any client authentication");
+ABSL_FLAG(bool, reflection, false, "Serve gRPC server reflection (needs a token of any role with --auth_tokens)");
 // Overrides of common config fields (applied on top of --config).
 ABSL_FLAG(std::optional<int>, batch_size, std::nullopt, "replay.batch_size");
 ABSL_FLAG(std::optional<double>, lr, std::nullopt, "optimizer.lr");
@@ -122,6 +137,7 @@ int Main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   absl::SetProgramUsageMessage("qstreamd: C51 DQN learner fed by gRPC actor streams");
@@ -151,6 +167,13 @@ int Main(int argc, char** argv) {
   options.config = *config;
   options.backend = *backend;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.security.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.security.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.security.tls_reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
+  options.security.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
+  options.security.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
+  options.security.reflection = absl::GetFlag(FLAGS_reflection);
   options.metrics.listen = absl::GetFlag(FLAGS_metrics_listen);
   options.metrics.pushgateway = absl::GetFlag(FLAGS_pushgateway);
   options.metrics.push_interval = absl::GetFlag(FLAGS_push_interval);
@@ -166,7 +189,15 @@ int Main(int argc, char** argv) {
   std::fflush(stdout);
 
   int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  for (;;) {
+    sigwait(&signals, &signal_number);
+    if (signal_number != SIGHUP) break;
+    // Secrets are re-read; a bad file keeps the previous ones in force.
+    const absl::Status st = (*daemon)->Reload();
+    std::printf("qstreamd: SIGHUP: %s\n", st.ok() ? "token file re-read (TLS files are re-read by gRPC's watcher)"
+                                                   : std::string(st.message()).c_str());
+    std::fflush(stdout);
+  }
   std::printf("qstreamd: %s, draining streams\n", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
   std::fflush(stdout);
   (*daemon)->Shutdown(absl::GetFlag(FLAGS_shutdown_deadline));

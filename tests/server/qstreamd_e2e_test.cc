@@ -204,7 +204,7 @@ const std::vector<std::string> kDesignMetrics = {
     "qstream_policy_lag_versions"};
 
 TEST(QstreamdE2E, TrainsFromStreamsAndExportsEveryMetric) {
-  auto d = StartOrDie();
+  auto d = StartOrDie({"--reflection"});
   auto channel = Channel(d);
   EXPECT_EQ(HealthStatus(channel), 1);
   const std::string services = ReflectionListing(channel);
