@@ -10,6 +10,8 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <memory>
 #include <span>
 #include <system_error>
 #include <utility>
@@ -282,15 +284,71 @@ absl::StatusOr<FileSum> ChecksumFile(const std::string& path, absl::string_view 
   return sum;
 }
 
+// A checkpoint's files by name: the directory it was written to, or bytes
+// in memory (DecodeCheckpoint). The reader below runs the same checks on both.
+class CheckpointFiles {
+ public:
+  virtual ~CheckpointFiles() = default;
+  // The whole of a small file (the manifest and its checksum); NotFound when missing.
+  virtual absl::StatusOr<std::string> ReadSmall(absl::string_view name) const = 0;
+  // Size and CRC32C; DataLoss when missing.
+  virtual absl::StatusOr<FileSum> Checksum(absl::string_view name) const = 0;
+  virtual absl::StatusOr<std::unique_ptr<SafetensorsReader>> OpenSafetensors(absl::string_view name) const = 0;
+};
+
+class DirectoryFiles : public CheckpointFiles {
+ public:
+  explicit DirectoryFiles(std::string dir) : dir_(std::move(dir)) {}
+  absl::StatusOr<std::string> ReadSmall(absl::string_view name) const override {
+    return ReadSmallFile(JoinPath(dir_, name), name);
+  }
+  absl::StatusOr<FileSum> Checksum(absl::string_view name) const override {
+    return ChecksumFile(JoinPath(dir_, name), name);
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsReader>> OpenSafetensors(absl::string_view name) const override {
+    return SafetensorsReader::Open(JoinPath(dir_, name), std::string(name));
+  }
+
+ private:
+  std::string dir_;
+};
+
+class MemoryFiles : public CheckpointFiles {
+ public:
+  explicit MemoryFiles(const std::map<std::string, std::string>& files) : files_(files) {}
+  absl::StatusOr<std::string> ReadSmall(absl::string_view name) const override {
+    const std::string* f = Find(name);
+    if (f == nullptr) return absl::NotFoundError(absl::StrCat("open ", name));
+    return *f;
+  }
+  absl::StatusOr<FileSum> Checksum(absl::string_view name) const override {
+    const std::string* f = Find(name);
+    if (f == nullptr) return absl::DataLossError(absl::StrCat(name, ": missing (listed in the manifest)"));
+    return FileSum{f->size(), Crc32c(f->data(), f->size())};
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsReader>> OpenSafetensors(absl::string_view name) const override {
+    const std::string* f = Find(name);
+    if (f == nullptr) return absl::NotFoundError(absl::StrCat("open ", name));
+    return SafetensorsReader::FromBytes(*f, std::string(name));
+  }
+
+ private:
+  const std::string* Find(absl::string_view name) const {
+    auto it = files_.find(std::string(name));
+    return it == files_.end() ? nullptr : &it->second;
+  }
+  const std::map<std::string, std::string>& files_;
+};
+
 // manifest.pbtxt, verified against manifest.crc32c, and parsed.
-absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& dir, bool verify) {
-  absl::StatusOr<std::string> text = ReadSmallFile(JoinPath(dir, kManifestFile), kManifestFile);
+absl::StatusOr<v1::CheckpointManifest> ReadManifest(const CheckpointFiles& files, bool verify) {
+  absl::StatusOr<std::string> text = files.ReadSmall(kManifestFile);
   if (!text.ok()) {
     if (absl::IsNotFound(text.status())) return absl::DataLossError(absl::StrCat(kManifestFile, ": missing"));
     return text.status();
   }
   if (verify) {
-    absl::StatusOr<std::string> crc_text = ReadSmallFile(JoinPath(dir, kManifestCrcFile), kManifestCrcFile);
+    absl::StatusOr<std::string> crc_text = files.ReadSmall(kManifestCrcFile);
     if (!crc_text.ok()) {
       return absl::DataLossError(
           absl::StrCat(kManifestFile, ": cannot verify, ", crc_text.status().message()));
@@ -314,32 +372,57 @@ absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& dir, bool
   return manifest;
 }
 
-absl::Status ReadWeights(const std::string& dir, const WeightBuffer& w, const NetworkSpec& spec,
+// Every tensor is checked against the header before the destination is
+// sized: the sizes come from the manifest's config, the header is bounded by
+// the file.
+absl::Status ReadWeights(const CheckpointFiles& files, const WeightBuffer& w, const NetworkSpec& spec,
                          std::vector<float>* out) {
-  absl::StatusOr<std::unique_ptr<SafetensorsReader>> reader =
-      SafetensorsReader::Open(JoinPath(dir, w.file), w.file);
-  if (!reader.ok()) return reader.status();
-  out->assign(static_cast<size_t>(spec.num_params), 0.0f);
+  absl::StatusOr<std::unique_ptr<SafetensorsReader>> opened = files.OpenSafetensors(w.file);
+  if (!opened.ok()) return opened.status();
+  const SafetensorsReader& reader = **opened;
+  const std::vector<NamedLayer> layers = NamedLayers(spec);
   std::vector<std::string> names;
-  for (const NamedLayer& l : NamedLayers(spec)) {
+  for (const NamedLayer& l : layers) {
     names.push_back(l.name + ".weight");
     names.push_back(l.name + ".bias");
-    std::span<float> weight(out->data() + l.view.w_offset, static_cast<size_t>(l.view.in) * l.view.out);
-    std::span<float> bias(out->data() + l.view.b_offset, static_cast<size_t>(l.view.out));
-    if (absl::Status s = (*reader)->ReadF32(names[names.size() - 2], {l.view.out, l.view.in}, weight);
+    if (absl::Status s = reader.CheckTensor(names[names.size() - 2], SafetensorsDtype::kF32,
+                                            {l.view.out, l.view.in});
         !s.ok())
       return s;
-    if (absl::Status s = (*reader)->ReadF32(names.back(), {l.view.out}, bias); !s.ok()) return s;
+    if (absl::Status s = reader.CheckTensor(names.back(), SafetensorsDtype::kF32, {l.view.out}); !s.ok())
+      return s;
   }
-  return (*reader)->CheckNoOtherTensors(names);
+  if (absl::Status s = reader.CheckNoOtherTensors(names); !s.ok()) return s;
+  out->assign(static_cast<size_t>(spec.num_params), 0.0f);
+  for (size_t k = 0; k < layers.size(); ++k) {
+    const LinearView& v = layers[k].view;
+    std::span<float> weight(out->data() + v.w_offset, static_cast<size_t>(v.in) * v.out);
+    std::span<float> bias(out->data() + v.b_offset, static_cast<size_t>(v.out));
+    if (absl::Status s = reader.ReadF32(names[2 * k], {v.out, v.in}, weight); !s.ok()) return s;
+    if (absl::Status s = reader.ReadF32(names[2 * k + 1], {v.out}, bias); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
-absl::Status ReadReplay(const std::string& dir, const NetworkSpec& spec, ReplayState* r) {
-  absl::StatusOr<std::unique_ptr<SafetensorsReader>> opened =
-      SafetensorsReader::Open(JoinPath(dir, kReplayFile), kReplayFile);
+absl::Status ReadReplay(const CheckpointFiles& files, const NetworkSpec& spec, ReplayState* r) {
+  absl::StatusOr<std::unique_ptr<SafetensorsReader>> opened = files.OpenSafetensors(kReplayFile);
   if (!opened.ok()) return opened.status();
   const SafetensorsReader& reader = **opened;
   TransitionColumns& c = r->rows;
+  const std::vector<int64_t> rows = {r->size};
+  const std::vector<int64_t> obs = {r->size, c.obs_dim};
+  const std::vector<int64_t> actions = {r->size, c.num_branches};
+  // The manifest's size is checked against the file before it sizes anything.
+  for (absl::Status s :
+       {reader.CheckTensor("obs", SafetensorsDtype::kF32, obs),
+        reader.CheckTensor("next_obs", SafetensorsDtype::kF32, obs),
+        reader.CheckTensor("actions", SafetensorsDtype::kI32, actions),
+        reader.CheckTensor("rewards", SafetensorsDtype::kF32, rows),
+        reader.CheckTensor("discounts", SafetensorsDtype::kF32, rows),
+        reader.CheckTensor("priorities", SafetensorsDtype::kF32, rows),
+        reader.CheckNoOtherTensors({"obs", "next_obs", "actions", "rewards", "discounts", "priorities"})}) {
+    if (!s.ok()) return s;
+  }
   const auto n = static_cast<size_t>(r->size);
   c.obs.resize(n * c.obs_dim);
   c.next_obs.resize(n * c.obs_dim);
@@ -347,13 +430,10 @@ absl::Status ReadReplay(const std::string& dir, const NetworkSpec& spec, ReplayS
   c.rewards.resize(n);
   c.discounts.resize(n);
   r->priorities.resize(n);
-  for (absl::Status s :
-       {reader.ReadF32("obs", {r->size, c.obs_dim}, c.obs),
-        reader.ReadF32("next_obs", {r->size, c.obs_dim}, c.next_obs),
-        reader.ReadI32("actions", {r->size, c.num_branches}, c.actions),
-        reader.ReadF32("rewards", {r->size}, c.rewards), reader.ReadF32("discounts", {r->size}, c.discounts),
-        reader.ReadF32("priorities", {r->size}, r->priorities),
-        reader.CheckNoOtherTensors({"obs", "next_obs", "actions", "rewards", "discounts", "priorities"})}) {
+  for (absl::Status s : {reader.ReadF32("obs", obs, c.obs), reader.ReadF32("next_obs", obs, c.next_obs),
+                         reader.ReadI32("actions", actions, c.actions), reader.ReadF32("rewards", rows, c.rewards),
+                         reader.ReadF32("discounts", rows, c.discounts),
+                         reader.ReadF32("priorities", rows, r->priorities)}) {
     if (!s.ok()) return s;
   }
   if (absl::Status s = CheckReplayState(*r, spec); !s.ok()) return Prefixed(kReplayFile, s);
@@ -503,12 +583,10 @@ absl::StatusOr<CheckpointWriteResult> WriteCheckpoint(const std::string& root, c
   return result;
 }
 
-absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& dir) {
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) return Errno("stat", dir);
-  if (!S_ISDIR(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat(dir, " is not a directory"));
+namespace {
 
-  absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(dir, /*verify=*/true);
+absl::StatusOr<CheckpointData> ReadCheckpointFiles(const CheckpointFiles& files) {
+  absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(files, /*verify=*/true);
   if (!manifest.ok()) return manifest.status();
   const v1::CheckpointManifest& m = *manifest;
   if (m.format_version() != kCheckpointFormatVersion) {
@@ -523,7 +601,7 @@ absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& dir) {
       return absl::DataLossError(
           absl::StrCat(kManifestFile, ": invalid file name \"", absl::CHexEscape(f.name()), "\""));
     }
-    absl::StatusOr<FileSum> sum = ChecksumFile(JoinPath(dir, f.name()), f.name());
+    absl::StatusOr<FileSum> sum = files.Checksum(f.name());
     if (!sum.ok()) return sum.status();
     if (sum->bytes != f.bytes()) {
       return absl::DataLossError(absl::StrCat(f.name(), ": ", sum->bytes, " bytes, manifest says ", f.bytes(),
@@ -559,7 +637,7 @@ absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& dir) {
   s.consecutive_trips = m.guard().consecutive_trips();
   s.has_replay = m.replay().included();
   for (const WeightBuffer& w : kWeightBuffers) {
-    if (absl::Status st = ReadWeights(dir, w, *spec, &(s.*w.member)); !st.ok()) return st;
+    if (absl::Status st = ReadWeights(files, w, *spec, &(s.*w.member)); !st.ok()) return st;
   }
   ReplayState& r = s.replay;
   r.capacity = m.replay().capacity();
@@ -574,9 +652,22 @@ absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& dir) {
                                                      r.cursor, " do not fit capacity ", r.capacity));
     }
     r.rows.n = r.size;
-    if (absl::Status st = ReadReplay(dir, *spec, &r); !st.ok()) return st;
+    if (absl::Status st = ReadReplay(files, *spec, &r); !st.ok()) return st;
   }
   return data;
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return Errno("stat", dir);
+  if (!S_ISDIR(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat(dir, " is not a directory"));
+  return ReadCheckpointFiles(DirectoryFiles(dir));
+}
+
+absl::StatusOr<CheckpointData> DecodeCheckpoint(const std::map<std::string, std::string>& files) {
+  return ReadCheckpointFiles(MemoryFiles(files));
 }
 
 absl::Status CheckCompatible(const v1::TrainerConfig& saved, const v1::TrainerConfig& running,
@@ -619,7 +710,7 @@ absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& 
     entry.name = name;
     entry.dir = JoinPath(root, name);
     entry.automatic = IsAutomaticName(name);
-    absl::StatusOr<v1::CheckpointManifest> m = ReadManifest(entry.dir, /*verify=*/false);
+    absl::StatusOr<v1::CheckpointManifest> m = ReadManifest(DirectoryFiles(entry.dir), /*verify=*/false);
     if (m.ok()) entry.learner_step = m->learner_step();
     out.push_back(std::move(entry));
   }

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,11 @@ absl::StatusOr<CheckpointWriteResult> WriteCheckpoint(const std::string& root, c
 // (DataLoss for checksum/size/truncation, FailedPrecondition for a format
 // version, InvalidArgument for shapes).
 absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& dir);
+
+// ReadCheckpoint over a checkpoint's files held in memory, by file name
+// ("manifest.pbtxt", "manifest.crc32c", "online.safetensors", ...): the same
+// checks and errors without the file system.
+absl::StatusOr<CheckpointData> DecodeCheckpoint(const std::map<std::string, std::string>& files);
 
 // Whether a checkpoint written with `saved` may continue under `running`:
 // every field that changes the network shape (network.*) must be equal

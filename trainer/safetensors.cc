@@ -66,6 +66,53 @@ uint64_t DecodeLe64(const unsigned char* b) {
   return v;
 }
 
+// The format needs three levels (header, tensor entry, shape); nlohmann's
+// parser copies nested values recursively, so a header nested as deep as it
+// is long would overflow the stack before any check ran.
+constexpr int kMaxHeaderDepth = 64;
+
+// Deepest nesting of arrays and objects in `json` (brackets in strings skipped).
+int JsonNestingDepth(absl::string_view json) {
+  int depth = 0;
+  int deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+// The header length N of a file of `size` bytes starting with `len_bytes`
+// (read only when size >= 8), checked against the file and the limit before
+// anything is allocated for it.
+absl::StatusOr<uint64_t> HeaderLength(const unsigned char* len_bytes, uint64_t size, absl::string_view name) {
+  if (size < 8)
+    return absl::DataLossError(absl::StrCat(name, ": ", size, " bytes, too short for a safetensors header"));
+  const uint64_t n = DecodeLe64(len_bytes);
+  if (n > size - 8) {
+    return absl::DataLossError(
+        absl::StrCat(name, ": header length ", n, " exceeds the file (", size, " bytes)"));
+  }
+  if (n > kMaxHeaderBytes) {
+    return absl::DataLossError(
+        absl::StrCat(name, ": header length ", n, " exceeds the ", kMaxHeaderBytes, "-byte limit"));
+  }
+  return n;
+}
+
 absl::Status PreadFully(int fd, void* out, uint64_t bytes, uint64_t offset, absl::string_view name) {
   auto* p = static_cast<char*>(out);
   while (bytes > 0) {
@@ -145,6 +192,9 @@ absl::StatusOr<std::string> EncodeSafetensorsHeader(const std::vector<Safetensor
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view json, uint64_t buffer_bytes,
                                                          absl::string_view file) {
   auto fail = [&](absl::string_view why) { return absl::DataLossError(absl::StrCat(file, ": ", why)); };
+  if (JsonNestingDepth(json) > kMaxHeaderDepth) {
+    return fail(absl::StrCat("header nests deeper than ", kMaxHeaderDepth, " levels"));
+  }
   Json root;
   try {
     root = Json::parse(json.begin(), json.end());
@@ -182,7 +232,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view json,
     if (shape == value.end() || !shape->is_array()) return bad("missing shape");
     for (const Json& d : *shape) {
       if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{std::numeric_limits<int64_t>::max()}) {
-        return bad(absl::StrCat("invalid shape ", shape->dump()));
+        // Not shape->dump(): it recurses, and a nested array is as deep as the header is long.
+        return bad(absl::StrCat("invalid shape: dimension ", info.shape.size(), " is not an integer in [0, 2^63)"));
       }
       info.shape.push_back(d.get<int64_t>());
     }
@@ -288,29 +339,35 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Errno("open", name);
   // From here the reader owns fd, also on the error paths.
-  std::unique_ptr<SafetensorsReader> reader(new SafetensorsReader(fd, name, SafetensorsHeader{}));
+  std::unique_ptr<SafetensorsReader> reader(new SafetensorsReader(fd, {}, name, SafetensorsHeader{}));
   struct stat st;
   if (::fstat(fd, &st) != 0) return Errno("fstat", name);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8)
-    return absl::DataLossError(absl::StrCat(name, ": ", size, " bytes, too short for a safetensors header"));
   unsigned char len_bytes[8];
-  if (absl::Status s = PreadFully(fd, len_bytes, 8, 0, name); !s.ok()) return s;
-  const uint64_t n = DecodeLe64(len_bytes);
-  if (n > size - 8) {
-    return absl::DataLossError(
-        absl::StrCat(name, ": header length ", n, " exceeds the file (", size, " bytes)"));
+  if (size >= 8) {
+    if (absl::Status s = PreadFully(fd, len_bytes, 8, 0, name); !s.ok()) return s;
   }
-  if (n > kMaxHeaderBytes) {
-    return absl::DataLossError(
-        absl::StrCat(name, ": header length ", n, " exceeds the ", kMaxHeaderBytes, "-byte limit"));
-  }
-  std::string json(n, '\0');
-  if (absl::Status s = PreadFully(fd, json.data(), n, 8, name); !s.ok()) return s;
-  absl::StatusOr<SafetensorsHeader> header = ParseSafetensorsHeader(json, size - 8 - n, name);
+  absl::StatusOr<uint64_t> n = HeaderLength(len_bytes, size, name);
+  if (!n.ok()) return n.status();
+  std::string json(*n, '\0');
+  if (absl::Status s = PreadFully(fd, json.data(), *n, 8, name); !s.ok()) return s;
+  absl::StatusOr<SafetensorsHeader> header = ParseSafetensorsHeader(json, size - 8 - *n, name);
   if (!header.ok()) return header.status();
   reader->header_ = *std::move(header);
   return reader;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::FromBytes(absl::string_view bytes,
+                                                                                std::string name) {
+  const uint64_t size = bytes.size();
+  absl::StatusOr<uint64_t> n =
+      HeaderLength(reinterpret_cast<const unsigned char*>(bytes.data()), size, name);
+  if (!n.ok()) return n.status();
+  absl::StatusOr<SafetensorsHeader> header =
+      ParseSafetensorsHeader(bytes.substr(8, static_cast<size_t>(*n)), size - 8 - *n, name);
+  if (!header.ok()) return header.status();
+  return std::unique_ptr<SafetensorsReader>(
+      new SafetensorsReader(-1, bytes, std::move(name), *std::move(header)));
 }
 
 SafetensorsReader::~SafetensorsReader() {
@@ -342,6 +399,11 @@ absl::Status SafetensorsReader::ReadData(const SafetensorsTensorInfo& info, void
                                             out_bytes, "-byte destination"));
   }
   char* p = static_cast<char*>(out);
+  if (fd_ < 0) {
+    // ParseSafetensorsHeader keeps every tensor inside the buffer.
+    if (bytes > 0) std::memcpy(p, bytes_.data() + header_.data_start + info.begin, bytes);
+    return absl::OkStatus();
+  }
   for (uint64_t done = 0; done < bytes;) {
     const uint64_t chunk = std::min<uint64_t>(bytes - done, kIoChunk);
     if (absl::Status s = PreadFully(fd_, p + done, chunk, header_.data_start + info.begin + done, name_);
@@ -365,6 +427,11 @@ absl::Status SafetensorsReader::ReadI32(absl::string_view tensor, const std::vec
   absl::StatusOr<const SafetensorsTensorInfo*> info = Check(tensor, SafetensorsDtype::kI32, shape);
   if (!info.ok()) return info.status();
   return ReadData(**info, out.data(), out.size_bytes());
+}
+
+absl::Status SafetensorsReader::CheckTensor(absl::string_view tensor, SafetensorsDtype dtype,
+                                            const std::vector<int64_t>& shape) const {
+  return Check(tensor, dtype, shape).status();
 }
 
 absl::Status SafetensorsReader::CheckNoOtherTensors(const std::vector<std::string>& expected) const {

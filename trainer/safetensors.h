@@ -95,6 +95,10 @@ class SafetensorsReader {
   // `name` is how errors call the file (default: the path).
   static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(const std::string& path,
                                                                  std::string name = "");
+  // The same checks over a whole file held in memory; `bytes` must outlive
+  // the reader.
+  static absl::StatusOr<std::unique_ptr<SafetensorsReader>> FromBytes(absl::string_view bytes,
+                                                                      std::string name);
   ~SafetensorsReader();
   SafetensorsReader(const SafetensorsReader&) = delete;
   SafetensorsReader& operator=(const SafetensorsReader&) = delete;
@@ -110,17 +114,25 @@ class SafetensorsReader {
   absl::Status ReadI32(absl::string_view tensor, const std::vector<int64_t>& shape,
                        std::span<int32_t> out) const;
 
+  // What ReadF32/ReadI32 check before reading: `tensor` exists with this
+  // dtype and shape. Callers check every tensor before sizing a destination
+  // from sizes they were told elsewhere (a manifest), so no allocation is
+  // larger than the file.
+  absl::Status CheckTensor(absl::string_view tensor, SafetensorsDtype dtype,
+                           const std::vector<int64_t>& shape) const;
+
   // InvalidArgument naming the first tensor of the file not in `expected`.
   absl::Status CheckNoOtherTensors(const std::vector<std::string>& expected) const;
 
  private:
-  SafetensorsReader(int fd, std::string name, SafetensorsHeader header)
-      : fd_(fd), name_(std::move(name)), header_(std::move(header)) {}
+  SafetensorsReader(int fd, absl::string_view bytes, std::string name, SafetensorsHeader header)
+      : fd_(fd), bytes_(bytes), name_(std::move(name)), header_(std::move(header)) {}
   absl::StatusOr<const SafetensorsTensorInfo*> Check(absl::string_view tensor, SafetensorsDtype dtype,
                                                      const std::vector<int64_t>& shape) const;
   absl::Status ReadData(const SafetensorsTensorInfo& info, void* out, uint64_t out_bytes) const;
 
-  int fd_;
+  int fd_;                  // the open file, or -1 when reading `bytes_`
+  absl::string_view bytes_;  // the whole file when fd_ < 0
   std::string name_;
   SafetensorsHeader header_;
 };

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -284,6 +285,65 @@ TEST(CheckpointTest, TensorsAreCheckedAgainstTheManifestNetwork) {
   absl::StatusOr<CheckpointData> read = ReadCheckpoint(dir);
   EXPECT_TRUE(absl::IsInvalidArgument(read.status())) << read.status();
   EXPECT_THAT(read.status().message(), HasSubstr("online.safetensors: tensor trunk.0.weight: shape"));
+}
+
+// The bytes of every file of a checkpoint directory, by name.
+std::map<std::string, std::string> DirBytes(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = ReadAll(e.path().string());
+  return out;
+}
+
+TEST(CheckpointTest, DecodeFromMemoryReadsWhatTheDirectoryReads) {
+  std::mt19937_64 rng(std::random_device{}());
+  const std::string root = MakeTempDir();
+  for (int trial = 0; trial < 4; ++trial) {
+    const CheckpointData data = RandomData(rng, trial % 2 == 0, 1 + trial % 2);
+    const std::string dir = Write(root, AutoCheckpointName(trial), data);
+    std::map<std::string, std::string> files = DirBytes(dir);
+    absl::StatusOr<CheckpointData> decoded = DecodeCheckpoint(files);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    ExpectSameState(decoded->state, data.state);
+    // The same checks: a flipped byte, a missing file.
+    files["target.safetensors"][3] ^= 0x01;
+    EXPECT_THAT(DecodeCheckpoint(files).status().message(), HasSubstr("target.safetensors: checksum mismatch"));
+    files.erase("target.safetensors");
+    EXPECT_EQ(DecodeCheckpoint(files).status().message(), "target.safetensors: missing (listed in the manifest)");
+    files.erase("manifest.pbtxt");
+    EXPECT_EQ(DecodeCheckpoint(files).status().message(), "manifest.pbtxt: missing");
+  }
+}
+
+// Sizes a manifest claims (network widths, replay size) are checked against
+// the tensors of the files before anything is allocated for them: a manifest
+// of a 34 GB network or a 2^40-row replay over small files is refused, not
+// allocated.
+TEST(CheckpointTest, ClaimedSizesAreCheckedAgainstTheFilesBeforeAllocating) {
+  std::mt19937_64 rng(std::random_device{}());
+  const std::string root = MakeTempDir();
+  const std::string dir = Write(root, "ckpt-1", RandomData(rng, true, 1));
+  const std::map<std::string, std::string> files = DirBytes(dir);
+  RewriteManifest(dir, [](v1::CheckpointManifest* m) {
+    v1::NetworkConfig* net = m->mutable_config()->mutable_network();
+    net->set_obs_dim(65536);
+    net->clear_trunk_hidden();
+    net->add_trunk_hidden(65536);
+    net->add_trunk_hidden(65536);
+  });
+  absl::StatusOr<CheckpointData> read = ReadCheckpoint(dir);
+  EXPECT_TRUE(absl::IsInvalidArgument(read.status())) << read.status();
+  EXPECT_THAT(read.status().message(), HasSubstr("online.safetensors: tensor trunk.0.weight: shape"));
+
+  for (const auto& [name, bytes] : files) WriteAll(dir + "/" + name, bytes);
+  RewriteManifest(dir, [](v1::CheckpointManifest* m) {
+    m->mutable_replay()->set_capacity(int64_t{1} << 40);
+    m->mutable_replay()->set_size(int64_t{1} << 40);
+    m->mutable_replay()->set_cursor(0);
+  });
+  read = ReadCheckpoint(dir);
+  EXPECT_TRUE(absl::IsInvalidArgument(read.status())) << read.status();
+  EXPECT_THAT(read.status().message(), HasSubstr("replay.safetensors: tensor obs: shape"));
+  EXPECT_THAT(read.status().message(), HasSubstr("expected [1099511627776, "));
 }
 
 TEST(CheckpointTest, ReplayListingMustMatchTheManifest) {

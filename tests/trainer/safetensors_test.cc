@@ -184,11 +184,63 @@ TEST(SafetensorsTest, CorruptFilesAreRejectedNamingTheProblem) {
     EXPECT_TRUE(absl::IsDataLoss(reader.status())) << cases[i].what << ": " << reader.status();
     EXPECT_THAT(reader.status().message(), HasSubstr(path)) << cases[i].what;
     EXPECT_THAT(reader.status().message(), HasSubstr(cases[i].message)) << cases[i].what;
+    // The same bytes from memory: the same refusal.
+    absl::StatusOr<std::unique_ptr<SafetensorsReader>> from_bytes =
+        SafetensorsReader::FromBytes(cases[i].file, "mem.safetensors");
+    ASSERT_FALSE(from_bytes.ok()) << cases[i].what;
+    EXPECT_TRUE(absl::IsDataLoss(from_bytes.status())) << cases[i].what << ": " << from_bytes.status();
+    EXPECT_THAT(from_bytes.status().message(), HasSubstr(cases[i].message)) << cases[i].what;
   }
   // The good header itself is accepted.
   const std::string path = dir + "/good.safetensors";
   WriteAll(path, RawFile(good, 24));
   EXPECT_TRUE(SafetensorsReader::Open(path).ok());
+  EXPECT_TRUE(SafetensorsReader::FromBytes(RawFile(good, 24), "mem").ok());
+}
+
+// Nesting is bounded before the JSON parser runs: it copies nested values
+// recursively, and a header may be 100 MB deep. An error about a bad shape
+// names the dimension instead of printing the shape (also recursive).
+TEST(SafetensorsTest, DeeplyNestedHeaderIsRefusedWithoutRecursion) {
+  const int depth = 1 << 20;
+  const std::string deep = R"({"w":{"dtype":"F32","shape":)" + std::string(depth, '[') +
+                           std::string(depth, ']') + R"(,"data_offsets":[0,4]}})";
+  absl::StatusOr<std::unique_ptr<SafetensorsReader>> reader =
+      SafetensorsReader::FromBytes(RawFile(deep, 4), "deep.safetensors");
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.status().message(), "deep.safetensors: header nests deeper than 64 levels");
+  // Brackets inside strings do not count.
+  const std::string quoted = R"({"__metadata__":{"k":")" + std::string(1000, '[') + R"("}})";
+  EXPECT_TRUE(SafetensorsReader::FromBytes(RawFile(quoted, 0), "q").ok());
+
+  const std::string nested = R"({"w":{"dtype":"F32","shape":[[[1]]],"data_offsets":[0,4]}})";
+  reader = SafetensorsReader::FromBytes(RawFile(nested, 4), "n.safetensors");
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.status().message(),
+            "n.safetensors: tensor w: invalid shape: dimension 0 is not an integer in [0, 2^63)");
+}
+
+TEST(SafetensorsTest, FromBytesReadsWhatOpenReads) {
+  std::mt19937_64 rng(std::random_device{}());
+  const std::string dir = MakeTempDir();
+  const std::vector<RandomTensor> tensors = RandomTensors(rng);
+  const std::string path = dir + "/m.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, Refs(tensors), {{"buffer", "online"}}).ok());
+  const std::string file = ReadAll(path);
+  absl::StatusOr<std::unique_ptr<SafetensorsReader>> reader = SafetensorsReader::FromBytes(file, "m");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->header().metadata, (SafetensorsMetadata{{"buffer", "online"}}));
+  for (const RandomTensor& t : tensors) {
+    const size_t n = t.bytes.size() / 4;
+    std::vector<char> got(t.bytes.size());
+    EXPECT_TRUE((*reader)->CheckTensor(t.name, t.dtype, t.shape).ok()) << t.name;
+    absl::Status s = t.dtype == SafetensorsDtype::kF32
+                         ? (*reader)->ReadF32(t.name, t.shape, {reinterpret_cast<float*>(got.data()), n})
+                         : (*reader)->ReadI32(t.name, t.shape, {reinterpret_cast<int32_t*>(got.data()), n});
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(got, t.bytes) << t.name;
+  }
+  EXPECT_EQ((*reader)->CheckTensor("nope", SafetensorsDtype::kF32, {}).message(), "m: tensor nope is missing");
 }
 
 TEST(SafetensorsTest, ReadChecksNameDtypeAndShape) {
