@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
 #include "trainer/checkpoint.h"
@@ -41,6 +42,24 @@ class WithoutReflection final : public grpc::ServerBuilderOption {
     std::erase_if(*plugins, [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
       return dynamic_cast<grpc::reflection::ProtoServerReflectionPlugin*>(p.get()) != nullptr;
     });
+  }
+};
+
+// Answers every method of the health-only port but health with UNIMPLEMENTED.
+// (A server must hold one callback service for gRPC to run the default
+// health service without a completion queue of its own.)
+class UnimplementedService final : public grpc::CallbackGenericService {
+ public:
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
+    class Reactor final : public grpc::ServerGenericBidiReactor {
+     public:
+      explicit Reactor(const std::string& method) {
+        Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                            absl::StrCat(method, ": this port serves grpc.health.v1.Health only")));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Reactor(context->method());
   }
 };
 
@@ -101,8 +120,20 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     d->server_.reset();
     return absl::UnavailableError(absl::StrCat("--listen=", options.listen, ": cannot bind"));
   }
-  auto* health = d->server_->GetHealthCheckService();
-  health->SetServingStatus(false);
+  if (!options.health_listen.empty()) {
+    // Health alone, plaintext, for probes that cannot speak TLS (kubelet).
+    grpc::ServerBuilder health_builder;
+    health_builder.SetOption(std::make_unique<WithoutReflection>());
+    static UnimplementedService unimplemented;
+    health_builder.RegisterCallbackGenericService(&unimplemented);
+    health_builder.AddListeningPort(options.health_listen, grpc::InsecureServerCredentials(), &d->health_port_);
+    d->health_server_ = health_builder.BuildAndStart();
+    if (d->health_server_ == nullptr || d->health_port_ == 0) {
+      d->Shutdown(absl::ZeroDuration());
+      return absl::UnavailableError(absl::StrCat("--health_listen=", options.health_listen, ": cannot bind"));
+    }
+  }
+  d->SetServing(false);
   if (!options.restore.empty()) {
     if (absl::Status st = d->Restore(); !st.ok()) {
       d->write_final_checkpoint_ = false;  // never write over what could not be read
@@ -110,16 +141,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       return st;
     }
   }
-  d->learner_->SetHaltListener([health](bool halted) { health->SetServingStatus(!halted); });
+  Daemon* raw = d.get();
+  d->learner_->SetHaltListener([raw](bool halted) { raw->SetServing(!halted); });
   d->learner_->Start();
   d->metrics_->Start(absl::StrCat(Hostname(), ":", d->grpc_port_));
   d->experience_->Open();
   d->policy_->Open();
-  health->SetServingStatus(true);
+  d->SetServing(true);
   return d;
 }
 
 Daemon::~Daemon() { Shutdown(absl::ZeroDuration()); }
+
+void Daemon::SetServing(bool serving) {
+  server_->GetHealthCheckService()->SetServingStatus(serving);
+  if (health_server_) health_server_->GetHealthCheckService()->SetServingStatus(serving);
+}
 
 absl::Status Daemon::Reload() {
   if (authorizer_ == nullptr) return absl::OkStatus();
@@ -135,6 +172,10 @@ void Daemon::Shutdown(absl::Duration deadline) {
     return;
   }
   server_->GetHealthCheckService()->Shutdown();
+  if (health_server_) {
+    health_server_->GetHealthCheckService()->Shutdown();
+    health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
+  }
   experience_->BeginShutdown();
   policy_->BeginShutdown();
   // Streams drain while the learner still runs and acks their batches. If a
@@ -210,7 +251,9 @@ std::string Daemon::StartupLine() const {
   return absl::StrCat("qstreamd ", QSTREAM_VERSION, " (", QSTREAM_GIT_COMMIT, ") backend=", s.backend, " device=\"",
                       s.device, "\" config: ", ConfigSummary(options_.config), " | listening grpc=", grpc_address(),
                       " metrics=", metrics_address().empty() ? "off" : metrics_address(),
-                      " security=", SecuritySummary(options_.security, authorizer_.get()));
+                      " security=", SecuritySummary(options_.security, authorizer_.get()),
+                      health_server_ ? absl::StrCat(" health=", AddressHost(options_.health_listen), ":", health_port_)
+                                     : "");
 }
 
 }  // namespace qstream

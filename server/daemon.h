@@ -31,6 +31,9 @@ struct DaemonOptions {
   // TLS, tokens, reflection (server/security.h). The default serves
   // plaintext to loopback peers only, without tokens.
   SecurityOptions security;
+  // host:port of a plaintext port serving only grpc.health.v1.Health (the
+  // same status), for probes that cannot speak TLS; empty: none.
+  std::string health_listen;
   MetricsOptions metrics;
   // Checkpoint root (README "Checkpoints"); empty: no checkpoints.
   std::string checkpoint_dir;
@@ -77,6 +80,8 @@ class Daemon {
 
  private:
   explicit Daemon(const DaemonOptions& options) : options_(options) {}
+  // Health status on the gRPC port and the --health_listen port.
+  void SetServing(bool serving);
   // Loads options_.restore into the learner and the ingest sessions.
   absl::Status Restore();
 
@@ -90,7 +95,9 @@ class Daemon {
   std::unique_ptr<PolicyService> policy_;
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> health_server_;  // --health_listen
   int grpc_port_ = 0;
+  int health_port_ = 0;
   bool shut_down_ = false;
   std::string restored_from_;
   bool write_final_checkpoint_ = true;

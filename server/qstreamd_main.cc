@@ -46,6 +46,9 @@ ABSL_FLAG(std::string, auth_tokens, "",
           "re-read on SIGHUP. Empty: no tokens");
 ABSL_FLAG(bool, allow_insecure, false,
           "Allow a non-loopback --listen without TLS, or without any client authentication");
+ABSL_FLAG(std::string, health_listen, "",
+          "host:port of a plaintext port serving only grpc.health.v1.Health (for probes that cannot speak TLS); "
+          "empty: none");
 ABSL_FLAG(bool, reflection, false, "Serve gRPC server reflection (needs a token of any role with --auth_tokens)");
 // Overrides of common config fields (applied on top of --config).
 ABSL_FLAG(std::optional<int>, batch_size, std::nullopt, "replay.batch_size");
@@ -174,6 +177,7 @@ int Main(int argc, char** argv) {
   options.security.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
   options.security.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
   options.security.reflection = absl::GetFlag(FLAGS_reflection);
+  options.health_listen = absl::GetFlag(FLAGS_health_listen);
   options.metrics.listen = absl::GetFlag(FLAGS_metrics_listen);
   options.metrics.pushgateway = absl::GetFlag(FLAGS_pushgateway);
   options.metrics.push_interval = absl::GetFlag(FLAGS_push_interval);

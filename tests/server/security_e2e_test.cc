@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -350,8 +351,18 @@ TEST(SecurityE2E, TlsServesTheRoleMatrixAndRefusesPlaintextAndUnknownCas) {
   auto flags = SecureFlags(certs, /*mtls=*/false);
   flags.push_back("--auth_tokens=" + TokenFile());
   flags.push_back("--checkpoint_dir=" + ckpt);
+  flags.push_back("--health_listen=127.0.0.1:0");
   auto d = StartOrDie(flags);
   EXPECT_THAT(d.process->output(), HasSubstr("security=tls tokens=4"));
+
+  // The plaintext health port (for kubelet probes) answers health and nothing else.
+  std::smatch m;
+  const std::string out = d.process->output();
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(health=(127\.0\.0\.1:\d+))"))) << out;
+  auto health = grpc::CreateChannel(m[1].str(), grpc::InsecureChannelCredentials());
+  EXPECT_EQ(testing::HealthStatus(health), 1);
+  EXPECT_EQ(GetStatus(health, kAdminToken).error_code(), Code::UNIMPLEMENTED);
+  EXPECT_EQ(SendBatch(health, kActorToken).error_code(), Code::UNIMPLEMENTED);
   CheckRoleMatrix(Tls(d, certs + "/ca.pem"), d);
 
   // A plaintext client gets no connection; nor does one that trusts another CA.
