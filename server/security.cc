@@ -157,9 +157,10 @@ absl::Status TokenAuthorizer::Reload() {
   auto entries = ParseTokenFile(*text, absl::StrCat("--auth_tokens=", path_));
   if (!entries.ok()) return entries.status();
   struct stat st {};
-  if (::stat(path_.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
-    std::fprintf(stderr, "qstreamd: warning: --auth_tokens=%s is readable by group or others (mode %04o); 0600 or "
-                 "0400 keeps the tokens to this user\n", path_.c_str(), static_cast<unsigned>(st.st_mode & 0777));
+  if (::stat(path_.c_str(), &st) == 0 && (st.st_mode & 007) != 0) {
+    std::fprintf(stderr, "qstreamd: warning: --auth_tokens=%s is readable by others (mode %04o); 0600, or 0440 "
+                 "with a group of its own, keeps the tokens to this service\n", path_.c_str(),
+                 static_cast<unsigned>(st.st_mode & 0777));
   }
   auto table = std::make_shared<const std::vector<TokenEntry>>(std::move(*entries));
   absl::MutexLock lock(&mu_);
@@ -318,8 +319,8 @@ absl::Status CheckTlsFiles(const SecurityOptions& o) {
         absl::StrCat("--tls_key=", o.tls_key, ": does not match the certificate in --tls_cert=", o.tls_cert));
   }
   struct stat st {};
-  if (::stat(o.tls_key.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
-    std::fprintf(stderr, "qstreamd: warning: --tls_key=%s is readable by group or others (mode %04o)\n",
+  if (::stat(o.tls_key.c_str(), &st) == 0 && (st.st_mode & 007) != 0) {
+    std::fprintf(stderr, "qstreamd: warning: --tls_key=%s is readable by others (mode %04o)\n",
                  o.tls_key.c_str(), static_cast<unsigned>(st.st_mode & 0777));
   }
   if (!o.tls_client_ca.empty()) {
