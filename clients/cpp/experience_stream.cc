@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "clients/cpp/channel.h"
 
 namespace qstream::actor {
 namespace {
@@ -15,8 +16,8 @@ constexpr absl::Duration kInitialBackoff = absl::Milliseconds(100);
 // second actor with the same identity); fighting it back would only make
 // the two take turns, so this one stops.
 bool IsFinal(grpc::StatusCode code) {
-  return code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::ABORTED || code == grpc::StatusCode::UNAUTHENTICATED ||
-         code == grpc::StatusCode::PERMISSION_DENIED || code == grpc::StatusCode::UNIMPLEMENTED ||
+  return code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::ABORTED ||
+         IsTokenRefused(code) || code == grpc::StatusCode::UNIMPLEMENTED ||
          code == grpc::StatusCode::FAILED_PRECONDITION;
 }
 
@@ -138,6 +139,10 @@ void ExperienceStream::ReadLoop() {
       if (cancelled_ || (closing_ && unacked_.empty())) {
         break;
       }
+    }
+    if (IsTokenRefused(status.error_code())) {
+      Fail(TokenRefusedError("experience stream", status));
+      break;
     }
     if (IsFinal(status.error_code())) {
       Fail(absl::UnavailableError(

@@ -11,8 +11,9 @@
 // ack counts as acknowledged. Sequences start at 1. An error ack or a
 // protocol error from the daemon is final, and so is ABORTED: another stream
 // with the same stream_id took the session over, and this one gives way
-// instead of taking it back. A batch sent without a kind gets KIND_STEP when
-// it has `done` flags, else KIND_NSTEP.
+// instead of taking it back. A refused token (UNAUTHENTICATED,
+// PERMISSION_DENIED) is final too, with an error saying so. A batch sent
+// without a kind gets KIND_STEP when it has `done` flags, else KIND_NSTEP.
 #pragma once
 
 #include <cstdint>

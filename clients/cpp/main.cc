@@ -3,7 +3,8 @@
 //
 // Exit status: 0 when the run ended normally (return target reached, step cap
 // reached without a target, or SIGINT/SIGTERM); 3 when a --stop_at_return
-// target was set and --steps ran out first; 1 on any error.
+// target was set and --steps ran out first; 1 on any error (unreadable TLS
+// or token files and a token the daemon refused among them).
 #include <unistd.h>
 
 #include <atomic>
@@ -17,10 +18,12 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "clients/cpp/actor.h"
+#include "clients/cpp/channel.h"
 #include "clients/cpp/experience_stream.h"
 #include "clients/cpp/policy_watcher.h"
 #include "grpcpp/grpcpp.h"
@@ -42,6 +45,13 @@ ABSL_FLAG(double, report_every_s, 5, "seconds between progress lines");
 ABSL_FLAG(double, connect_timeout_s, 30, "how long to wait for the daemon's first policy");
 ABSL_FLAG(double, reconnect_timeout_s, 60, "give up when the daemon cannot be reached for this long");
 ABSL_FLAG(std::string, stream_id, "", "stream identity for resend de-duplication (default: host-pid)");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate the daemon's certificate is verified against; enables TLS");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate, for a daemon that requires them (mTLS); with --tls_key");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "name the daemon's certificate is checked against instead of the --server host");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding the bearer token sent with every call (role actor); never pass a token itself");
 
 namespace {
 
@@ -53,6 +63,22 @@ std::string DefaultStreamId() {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   return absl::StrCat(host, "-", getpid());
+}
+
+constexpr char kTlsHint[] =
+    "; check --tls_ca (the CA of the daemon's certificate), --tls_server_name, and --tls_cert/--tls_key "
+    "for a daemon that requires client certificates";
+
+// What to do about a refused token.
+std::string TokenHint(const absl::Status& status) {
+  if (absl::IsUnauthenticated(status)) {
+    return absl::GetFlag(FLAGS_token_file).empty() ? "; the daemon wants a token: pass --token_file"
+                                                   : absl::StrCat("; check the token in ", absl::GetFlag(FLAGS_token_file));
+  }
+  if (absl::IsPermissionDenied(status)) {
+    return absl::StrCat("; the token in ", absl::GetFlag(FLAGS_token_file), " needs the actor role");
+  }
+  return "";
 }
 
 }  // namespace
@@ -81,16 +107,29 @@ int main(int argc, char** argv) {
   options.batch_transitions = absl::GetFlag(FLAGS_batch_transitions);
   options.report_every = absl::Seconds(absl::GetFlag(FLAGS_report_every_s));
 
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(-1);
-  auto channel =
-      grpc::CreateCustomChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials(), args);
+  qstream::actor::ChannelOptions channel_options;
+  channel_options.server = absl::GetFlag(FLAGS_server);
+  channel_options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  channel_options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  channel_options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  channel_options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  channel_options.token_file = absl::GetFlag(FLAGS_token_file);
+  auto channel = qstream::actor::CreateChannel(channel_options);
+  if (!channel.ok()) {
+    std::cerr << "qstream-actor: " << channel.status().message() << "\n";
+    return 1;
+  }
+  const bool tls = !channel_options.tls_ca_file.empty() || !channel_options.tls_cert_file.empty();
+  if (!tls && !channel_options.token_file.empty() && !qstream::actor::IsLoopbackServer(channel_options.server)) {
+    std::cerr << "qstream-actor: warning: the token goes to " << channel_options.server
+              << " in plaintext; use --tls_ca\n";
+  }
 
   auto policy =
-      qstream::actor::PolicyWatcher::Create(channel, absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)));
+      qstream::actor::PolicyWatcher::Create(*channel, absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)));
   if (!policy.ok()) {
-    std::cerr << "qstream-actor: " << policy.status().message() << "\n";
+    std::cerr << "qstream-actor: " << policy.status().message() << TokenHint(policy.status())
+              << (tls && absl::IsUnavailable(policy.status()) ? kTlsHint : "") << "\n";
     return 1;
   }
   qstream::actor::ExperienceStream::Options stream_options;
@@ -100,7 +139,7 @@ int main(int argc, char** argv) {
   if (stream_options.stream_id.empty()) {
     stream_options.stream_id = DefaultStreamId();
   }
-  auto stream = qstream::actor::ExperienceStream::Open(channel, stream_options);
+  auto stream = qstream::actor::ExperienceStream::Open(*channel, stream_options);
   if (!stream.ok()) {
     std::cerr << "qstream-actor: " << stream.status().message() << "\n";
     return 1;
@@ -112,11 +151,11 @@ int main(int argc, char** argv) {
   auto result = qstream::actor::RunActor(options, **stream, **policy, g_stop, std::cout);
   absl::Status closed = (*stream)->Close();
   if (!result.ok()) {
-    std::cerr << "qstream-actor: " << result.status().message() << "\n";
+    std::cerr << "qstream-actor: " << result.status().message() << TokenHint(result.status()) << "\n";
     return 1;
   }
   if (!closed.ok()) {
-    std::cerr << "qstream-actor: " << closed.message() << "\n";
+    std::cerr << "qstream-actor: " << closed.message() << TokenHint(closed) << "\n";
     return 1;
   }
   std::cout << "qstream-actor finished env_steps=" << result->env_steps << " episodes=" << result->episodes

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "clients/cpp/channel.h"
 
 namespace qstream::actor {
 namespace {
@@ -38,9 +39,10 @@ absl::StatusOr<std::unique_ptr<PolicyWatcher>> PolicyWatcher::Create(std::shared
   const absl::Time deadline = absl::Now() + connect_timeout;
   absl::Duration backoff = kInitialBackoff;
   while (true) {
+    // Not wait_for_ready: a failed connection attempt fails the call with
+    // gRPC's reason (refused, TLS handshake), which the last error keeps.
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(std::max(deadline, absl::Now() + kInitialBackoff)));
-    ctx.set_wait_for_ready(true);
     v1::Policy policy;
     grpc::Status s = stub->GetPolicy(&ctx, v1::GetPolicyRequest(), &policy);
     if (s.ok()) {
@@ -50,8 +52,12 @@ absl::StatusOr<std::unique_ptr<PolicyWatcher>> PolicyWatcher::Create(std::shared
       }
       return std::unique_ptr<PolicyWatcher>(new PolicyWatcher(std::move(channel), *std::move(snap)));
     }
-    if (absl::Now() >= deadline) {
-      return absl::UnavailableError(absl::StrCat("GetPolicy failed: ", s.error_message()));
+    if (IsTokenRefused(s.error_code())) {
+      return TokenRefusedError("GetPolicy", s);
+    }
+    if (absl::Now() + backoff >= deadline) {
+      return absl::UnavailableError(absl::StrCat("GetPolicy failed for ", absl::FormatDuration(connect_timeout),
+                                                 ": ", s.error_message()));
     }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, kMaxBackoff);
@@ -115,6 +121,12 @@ void PolicyWatcher::WatchLoop() {
     absl::MutexLock lock(&mu_);
     watch_context_ = nullptr;
     if (stopping_) {
+      return;
+    }
+    if (IsTokenRefused(status.error_code())) {
+      // The experience stream sees the same refusal and ends the actor.
+      std::cerr << "qstream-actor: " << TokenRefusedError("WatchPolicy", status).message()
+                << "; no more policy updates\n";
       return;
     }
     // The daemon may be restarting: wait, but wake at once on shutdown.

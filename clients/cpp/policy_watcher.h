@@ -1,7 +1,8 @@
 // PolicyWatcher: holds the latest policy snapshot of a daemon. Create()
 // fetches one with GetPolicy; a background thread owned by the watcher then
 // follows WatchPolicy (reconnecting with backoff) and swaps in every newer
-// version. The destructor cancels the watch and joins the thread.
+// version; a refused token ends the watch. The destructor cancels the watch
+// and joins the thread.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +31,9 @@ absl::StatusOr<std::shared_ptr<const PolicySnapshot>> SnapshotFromProto(const v1
 
 class PolicyWatcher {
  public:
-  // Retries GetPolicy until it succeeds or `connect_timeout` passes.
+  // Retries GetPolicy until it succeeds or `connect_timeout` passes; fails at
+  // once when the daemon refuses the channel's token (UNAUTHENTICATED,
+  // PERMISSION_DENIED).
   static absl::StatusOr<std::unique_ptr<PolicyWatcher>> Create(std::shared_ptr<grpc::Channel> channel,
                                                                absl::Duration connect_timeout);
   ~PolicyWatcher();
