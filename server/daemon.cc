@@ -97,6 +97,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   auto metrics = Metrics::Create(options.metrics, d->learner_.get(), &d->counters_);
   if (!metrics.ok()) return metrics.status();
   d->metrics_ = std::move(*metrics);
+  const AuthFailureCounters auth_failures = AddAuthFailureMetric(d->metrics_->registry().get());
+  if (authorizer) authorizer->ExportFailures(auth_failures);
   d->sessions_ = std::make_unique<IngestSessions>(d->learner_.get(), *spec, options.config, &d->counters_);
   d->sessions_->Start();
   d->experience_ = std::make_unique<ExperienceService>(d->learner_.get(), *spec, &d->counters_, d->sessions_.get());

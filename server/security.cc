@@ -181,8 +181,26 @@ std::map<std::string, int64_t> TokenAuthorizer::failures_by_reason() const {
   return out;
 }
 
+AuthFailureCounters AddAuthFailureMetric(prometheus::Registry* registry) {
+  auto& family = prometheus::BuildCounter()
+                     .Name("qstream_auth_failures_total")
+                     .Help("gRPC calls refused by the token check, by reason")
+                     .Register(*registry);
+  AuthFailureCounters counters{};
+  for (int i = 0; i < static_cast<int>(AuthFailure::kCount); ++i) {
+    counters[i] = &family.Add({{"reason", AuthFailureName(static_cast<AuthFailure>(i))}});
+  }
+  return counters;
+}
+
+void TokenAuthorizer::ExportFailures(const AuthFailureCounters& counters) {
+  exported_counters_ = counters;
+  exported_.store(true, std::memory_order_release);
+}
+
 grpc::Status TokenAuthorizer::Fail(AuthFailure reason, grpc::StatusCode code, std::string message) {
   failures_[static_cast<int>(reason)].fetch_add(1, std::memory_order_relaxed);
+  if (exported_.load(std::memory_order_acquire)) exported_counters_[static_cast<int>(reason)]->Increment();
   return grpc::Status(code, std::move(message));
 }
 

@@ -37,6 +37,8 @@
 #include "grpcpp/security/auth_metadata_processor.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_context.h"
+#include "prometheus/counter.h"
+#include "prometheus/registry.h"
 
 namespace qstream {
 
@@ -61,6 +63,11 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(absl::string_view text, a
 // Auth failure reasons, the `reason` label of qstream_auth_failures_total.
 enum class AuthFailure { kMissing, kMalformed, kUnknownToken, kWrongRole, kCount };
 const char* AuthFailureName(AuthFailure reason);
+
+// qstream_auth_failures_total{reason}, one counter per reason, registered
+// in `registry` (zero when token auth is off).
+using AuthFailureCounters = std::array<prometheus::Counter*, static_cast<int>(AuthFailure::kCount)>;
+AuthFailureCounters AddAuthFailureMetric(prometheus::Registry* registry);
 
 // The access rule of one method: which roles may call it ("/pkg.Service/Method").
 // nullopt-like: `open` methods need no token.
@@ -94,6 +101,9 @@ class TokenAuthorizer final : public grpc::AuthMetadataProcessor {
   // The role of a call that passed Process (nullopt: no valid token).
   std::optional<Role> RoleOf(const grpc::ServerContextBase& context) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Also count refusals in these (exported) counters from now on.
+  void ExportFailures(const AuthFailureCounters& counters) ABSL_LOCKS_EXCLUDED(mu_);
+
   int64_t failures(AuthFailure reason) const {
     return failures_[static_cast<int>(reason)].load(std::memory_order_relaxed);
   }
@@ -110,6 +120,9 @@ class TokenAuthorizer final : public grpc::AuthMetadataProcessor {
   mutable absl::Mutex mu_;
   std::shared_ptr<const std::vector<TokenEntry>> tokens_ ABSL_GUARDED_BY(mu_);
   std::array<std::atomic<int64_t>, static_cast<int>(AuthFailure::kCount)> failures_{};
+  // Set once before the server starts (ExportFailures); read without a lock.
+  std::atomic<bool> exported_{false};
+  AuthFailureCounters exported_counters_{};
 };
 
 // The caller may read the full config: admin, or no tokens at all
