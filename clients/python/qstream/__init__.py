@@ -4,8 +4,10 @@
 """
 
 from qstream.actor import ActorResult, EpsilonSchedule, run_actor
+from qstream.admin import AdminClient
 from qstream.batch import nstep_batch, step_batch
-from qstream.client import ActorClient, BatchRejected, QstreamError, StreamError, StreamStats
+from qstream.channel import AuthError, ConnectError, QstreamError, open_channel
+from qstream.client import ActorClient, BatchRejected, StreamError, StreamStats
 from qstream.policy import Architecture, Policy, PolicyWatcher, fetch_policy
 
 __version__ = "0.1.0"
@@ -13,8 +15,11 @@ __version__ = "0.1.0"
 __all__ = [
     "ActorClient",
     "ActorResult",
+    "AdminClient",
     "Architecture",
+    "AuthError",
     "BatchRejected",
+    "ConnectError",
     "EpsilonSchedule",
     "Policy",
     "PolicyWatcher",
@@ -23,6 +28,7 @@ __all__ = [
     "StreamStats",
     "fetch_policy",
     "nstep_batch",
+    "open_channel",
     "run_actor",
     "step_batch",
 ]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qstream.channel import PathLike
 from qstream.client import ActorClient
 from qstream.policy import PolicyWatcher
 
@@ -132,10 +133,20 @@ def run_actor(
     envs=None,
     log=print,
     connect_timeout_s: float = 30.0,
+    tls_ca: PathLike | None = None,
+    tls_cert: PathLike | None = None,
+    tls_key: PathLike | None = None,
+    tls_server_name: str | None = None,
+    token: str | None = None,
+    token_file: PathLike | None = None,
 ) -> ActorResult:
     """Acts in `env_id` (or the given vector env `envs`) until total_steps env
     steps, or until the mean return of the last `return_window` episodes
-    reaches stop_at_return; flushes and returns the result."""
+    reaches stop_at_return; flushes and returns the result. The TLS and
+    token parameters are those of qstream.channel.open_channel; a refused
+    token raises AuthError, an unreachable daemon ConnectError."""
+    security = dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name,
+                    token=token, token_file=token_file)
     epsilon = epsilon or EpsilonSchedule()
     envs = envs if envs is not None else make_vector_env(env_id, num_envs)
     n = envs.num_envs
@@ -149,8 +160,8 @@ def run_actor(
 
     reached = False
     # On an exception the client cancels its stream instead of flushing.
-    with PolicyWatcher(server, timeout=connect_timeout_s) as watcher, ActorClient(
-        server, batch_size=batch_size, max_in_flight=max_in_flight
+    with PolicyWatcher(server, timeout=connect_timeout_s, **security) as watcher, ActorClient(
+        server, batch_size=batch_size, max_in_flight=max_in_flight, **security
     ) as client:
         try:
             obs, _ = envs.reset(seed=seed)

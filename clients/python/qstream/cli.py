@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from qstream.actor import EpsilonSchedule, run_actor
+from qstream.channel import QstreamError
 
 
 def main(argv=None) -> int:
@@ -23,7 +24,14 @@ def main(argv=None) -> int:
     p.add_argument("--batch_size", type=int, default=256, help="transitions per TransitionBatch")
     p.add_argument("--max_in_flight", type=int, default=8)
     p.add_argument("--report_every_s", type=float, default=5.0)
+    p.add_argument("--tls_ca", help="PEM CA certificate the daemon's certificate is verified against; enables TLS")
+    p.add_argument("--tls_cert", help="PEM client certificate, for a daemon that requires them (mTLS); with --tls_key")
+    p.add_argument("--tls_key", help="PEM private key of --tls_cert")
+    p.add_argument("--tls_server_name", help="name the daemon's certificate is checked against instead of the host")
+    p.add_argument("--token_file", help="file holding the bearer token (role actor); never pass a token itself")
     a = p.parse_args(argv)
+    if (a.tls_cert is None) != (a.tls_key is None):
+        p.error("--tls_cert and --tls_key go together")
     try:
         result = run_actor(
             a.env,
@@ -38,9 +46,17 @@ def main(argv=None) -> int:
             max_in_flight=a.max_in_flight,
             report_every_s=a.report_every_s,
             log=lambda line: print(line, flush=True),
+            tls_ca=a.tls_ca,
+            tls_cert=a.tls_cert,
+            tls_key=a.tls_key,
+            tls_server_name=a.tls_server_name,
+            token_file=a.token_file,
         )
     except KeyboardInterrupt:
         return 0
+    except (QstreamError, ValueError) as e:
+        print(f"qstream-actor-py: {e}", file=sys.stderr)
+        return 1
     if a.stop_at_return is not None and not result.reached_target:
         return 3
     return 0

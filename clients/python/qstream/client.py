@@ -15,7 +15,10 @@ ExperienceService.Stream call.
   stream of the same identity; the client gives way (StreamError) instead
   of taking the session back.
 - Errors: a batch the daemon rejects raises BatchRejected (naming the
-  field) from the next send()/flush(); the stream itself stays usable.
+  field) from the next send()/flush(); the stream itself stays usable. A
+  refused token raises AuthError (qstream.channel), without retrying.
+- Security: tls_ca/tls_cert/tls_key/tls_server_name/token/token_file as in
+  qstream.channel.open_channel.
 """
 
 from __future__ import annotations
@@ -30,21 +33,17 @@ from dataclasses import dataclass
 import grpc
 
 from qstream.batch import concat, step_batch
+from qstream.channel import PathLike, QstreamError, auth_error, is_token_refused, open_channel
 from qstream.proto import experience_pb2, experience_pb2_grpc
 
-# Codes after which resending cannot help: the daemon refused the stream.
+# Codes after which resending cannot help: the daemon refused the stream
+# (a refused token, UNAUTHENTICATED/PERMISSION_DENIED, raises AuthError).
 _FATAL_CODES = {
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.ABORTED,  # another stream took this stream_id over
-    grpc.StatusCode.UNAUTHENTICATED,
-    grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.UNIMPLEMENTED,
     grpc.StatusCode.FAILED_PRECONDITION,
 }
-
-
-class QstreamError(Exception):
-    """Base class of the SDK's errors."""
 
 
 class BatchRejected(QstreamError):
@@ -89,11 +88,22 @@ class ActorClient:
         reconnect_timeout_s: float = 60.0,
         on_ack=None,
         channel_options: list | None = None,
+        tls_ca: PathLike | None = None,
+        tls_cert: PathLike | None = None,
+        tls_key: PathLike | None = None,
+        tls_server_name: str | None = None,
+        token: str | None = None,
+        token_file: PathLike | None = None,
     ):
+        """Opens the stream to the daemon at `server` (host:port); the TLS and
+        token parameters are those of qstream.channel.open_channel (a
+        ValueError names a file that cannot be read)."""
         if max_in_flight < 1 or batch_size < 1:
             raise ValueError("batch_size and max_in_flight must be >= 1")
-        options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-        self._channel = grpc.insecure_channel(server, options=options + list(channel_options or []))
+        self._channel = open_channel(
+            server, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name,
+            token=token, token_file=token_file, options=channel_options or (),
+        )
         self._stub = experience_pb2_grpc.ExperienceServiceStub(self._channel)
         self.stream_id = stream_id or f"py-{uuid.uuid4().hex}"
         self.batch_size = batch_size
@@ -285,6 +295,9 @@ class ActorClient:
                 with self._cv:
                     if self._aborted or (self._closing and not self._unacked):
                         return
+                if is_token_refused(e):
+                    self._fail(auth_error("ExperienceService.Stream", e))
+                    return
                 if e.code() in _FATAL_CODES:
                     self._fail(StreamError(f"stream ended by the daemon: {e.code().name}: {e.details()}"))
                     return

@@ -12,11 +12,13 @@ the atoms under softmax(l[a]).
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
+from qstream.channel import AuthError, ConnectError, PathLike, auth_error, channel_for, is_token_refused
 from qstream.proto import policy_pb2, policy_pb2_grpc
 
 
@@ -148,34 +150,104 @@ class Policy:
         return actions
 
 
-def _channel(server: str | grpc.Channel) -> grpc.Channel:
-    if isinstance(server, grpc.Channel):
-        return server
-    return grpc.insecure_channel(server)
+_TLS_HINT = ("; check tls_ca (the CA of the daemon's certificate), tls_server_name, and tls_cert/tls_key "
+             "for a daemon that requires client certificates")
 
 
-def fetch_policy(server: str | grpc.Channel, timeout: float = 30.0) -> Policy:
-    """GetPolicy once, waiting up to `timeout` seconds for the daemon."""
-    stub = policy_pb2_grpc.PolicyServiceStub(_channel(server))
-    return Policy.from_proto(stub.GetPolicy(policy_pb2.GetPolicyRequest(), timeout=timeout, wait_for_ready=True))
+def _get_policy(stub: policy_pb2_grpc.PolicyServiceStub, server: str, timeout: float, tls: bool) -> Policy:
+    """GetPolicy, retried with backoff while the daemon is unreachable (or
+    restoring) for up to `timeout` seconds. Raises AuthError at once for a
+    refused token, ConnectError with gRPC's last reason (refused
+    connection, failed TLS handshake, ...) after the timeout."""
+    deadline = time.monotonic() + timeout
+    backoff = 0.05
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return Policy.from_proto(stub.GetPolicy(policy_pb2.GetPolicyRequest(), timeout=max(left, 0.05)))
+        except grpc.RpcError as e:
+            if is_token_refused(e):
+                raise auth_error("PolicyService.GetPolicy", e) from None
+            if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise
+            if time.monotonic() + backoff >= deadline:
+                hint = _TLS_HINT if tls and e.code() == grpc.StatusCode.UNAVAILABLE else ""
+                raise ConnectError(server, timeout, f"{e.code().name}: {e.details()}{hint}") from None
+        time.sleep(backoff)
+        backoff = min(backoff * 2, 1.0)
+
+
+def fetch_policy(
+    server: str | grpc.Channel,
+    timeout: float = 30.0,
+    *,
+    tls_ca: PathLike | None = None,
+    tls_cert: PathLike | None = None,
+    tls_key: PathLike | None = None,
+    tls_server_name: str | None = None,
+    token: str | None = None,
+    token_file: PathLike | None = None,
+) -> Policy:
+    """GetPolicy once, waiting up to `timeout` seconds for the daemon.
+    `server` is an address (TLS and token parameters as in
+    qstream.channel.open_channel) or a ready channel. Raises AuthError or
+    ConnectError (see PolicyWatcher)."""
+    channel, owned = channel_for(server, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                                 tls_server_name=tls_server_name, token=token, token_file=token_file)
+    try:
+        return _get_policy(policy_pb2_grpc.PolicyServiceStub(channel), _name(server), timeout,
+                           tls=tls_ca is not None or tls_cert is not None)
+    finally:
+        if owned:
+            channel.close()
+
+
+def _name(server: str | grpc.Channel) -> str:
+    return server if isinstance(server, str) else "the given channel"
 
 
 class PolicyWatcher:
     """The latest Policy of a daemon: GetPolicy at construction, then a
     background thread follows WatchPolicy (reconnecting with backoff).
-    Use as a context manager or call close()."""
+    Use as a context manager or call close().
 
-    def __init__(self, server: str | grpc.Channel, timeout: float = 30.0, max_backoff_s: float = 2.0):
-        self._own_channel = not isinstance(server, grpc.Channel)
-        self._channel = _channel(server)
+    `server` is an address (TLS and token parameters as in
+    qstream.channel.open_channel) or a ready channel. The constructor raises
+    AuthError when the daemon refuses the token and ConnectError when it
+    cannot be reached within `timeout` seconds (the message carries gRPC's
+    reason, e.g. a failed TLS handshake). A token refused later ends the
+    watch; `.error` then holds the AuthError."""
+
+    def __init__(
+        self,
+        server: str | grpc.Channel,
+        timeout: float = 30.0,
+        max_backoff_s: float = 2.0,
+        *,
+        tls_ca: PathLike | None = None,
+        tls_cert: PathLike | None = None,
+        tls_key: PathLike | None = None,
+        tls_server_name: str | None = None,
+        token: str | None = None,
+        token_file: PathLike | None = None,
+    ):
+        self._channel, self._own_channel = channel_for(
+            server, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name,
+            token=token, token_file=token_file,
+        )
         self._stub = policy_pb2_grpc.PolicyServiceStub(self._channel)
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._call = None
         self._max_backoff_s = max_backoff_s
-        self._policy = Policy.from_proto(
-            self._stub.GetPolicy(policy_pb2.GetPolicyRequest(), timeout=timeout, wait_for_ready=True)
-        )
+        self.error: AuthError | None = None
+        try:
+            self._policy = _get_policy(self._stub, _name(server), timeout,
+                                       tls=tls_ca is not None or tls_cert is not None)
+        except BaseException:
+            if self._own_channel:
+                self._channel.close()
+            raise
         self._thread = threading.Thread(target=self._watch, name="qstream-policy-watch", daemon=True)
         self._thread.start()
 
@@ -207,8 +279,10 @@ class PolicyWatcher:
                         if policy.version > self._policy.version:
                             self._policy = policy
                     backoff = 0.1
-            except grpc.RpcError:
-                pass
+            except grpc.RpcError as e:
+                if is_token_refused(e):
+                    self.error = auth_error("PolicyService.WatchPolicy", e)
+                    return
             if self._closed.wait(backoff):
                 return
             backoff = min(backoff * 2, self._max_backoff_s)

@@ -71,13 +71,13 @@ class Daemon:
         self.stop()
         raise RuntimeError(f"qstreamd did not report its ports:\n{self.log_path.read_text()}")
 
-    def status(self):
-        import grpc
+    def status(self, **security):
+        """AdminService.Status; `security`: the TLS/token parameters of
+        qstream.AdminClient for a daemon that needs them."""
+        from qstream import AdminClient
 
-        from qstream.proto import admin_pb2, admin_pb2_grpc
-
-        with grpc.insecure_channel(self.grpc) as ch:
-            return admin_pb2_grpc.AdminServiceStub(ch).Status(admin_pb2.StatusRequest(), timeout=10)
+        with AdminClient(self.grpc, **security) as admin:
+            return admin.status()
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:

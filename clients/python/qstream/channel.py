@@ -1,0 +1,214 @@
+"""The SDK's one way to open a channel to a qstreamd: plaintext or TLS
+(optionally with a client certificate, for a daemon that requires mTLS),
+every call carrying ``authorization: Bearer <token>`` when a token is given.
+
+The token is added by a client interceptor as call metadata rather than as
+gRPC call credentials, because gRPC refuses call credentials on insecure
+channels and the daemon accepts plaintext on loopback.
+
+    channel = open_channel("daemon:50051", tls_ca="ca.pem", token_file="actor.token")
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from pathlib import Path
+from typing import Any, Iterable, Union
+
+import grpc
+
+# The client classes read messages of any size the daemon sends (policies).
+DEFAULT_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+)
+
+_TOKEN_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class QstreamError(Exception):
+    """Base class of the SDK's errors."""
+
+
+class AuthError(QstreamError):
+    """The daemon refused the call's token: ``code`` is
+    grpc.StatusCode.UNAUTHENTICATED (missing or unknown token) or
+    PERMISSION_DENIED (the token's role may not make this call); ``details``
+    is the daemon's message. Retrying with the same token cannot help."""
+
+    def __init__(self, call: str, code: grpc.StatusCode, details: str):
+        hint = "missing or unknown token" if code == grpc.StatusCode.UNAUTHENTICATED else "wrong role"
+        super().__init__(f"{call}: the daemon refused the token ({code.name}, {hint}): {details}")
+        self.call = call
+        self.code = code
+        self.details = details
+
+
+class ConnectError(QstreamError):
+    """The daemon could not be reached within the timeout. ``details`` is
+    gRPC's last reason (refused connection, TLS handshake failure, ...)."""
+
+    def __init__(self, server: str, timeout: float, details: str):
+        super().__init__(f"could not reach qstreamd at {server} within {timeout:g}s: {details}")
+        self.server = server
+        self.details = details
+
+
+def is_token_refused(error: grpc.RpcError) -> bool:
+    """Whether `error` is the daemon refusing the call's token."""
+    return error.code() in _TOKEN_REFUSED
+
+
+def auth_error(call: str, error: grpc.RpcError) -> AuthError:
+    """An AuthError for a failed call whose code is_token_refused()."""
+    return AuthError(call, error.code(), error.details() or "")
+
+
+def read_token_file(path: PathLike) -> str:
+    """The bearer token in `path`, without trailing whitespace. Raises
+    ValueError naming the file when it cannot be read, is empty, or holds
+    anything but one line of printable ASCII."""
+    try:
+        token = Path(path).read_text(encoding="ascii").rstrip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"token file {path}: cannot read: {e}") from e
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    _check_token(token, f"token file {path}")
+    return token
+
+
+def _check_token(token: str, source: str) -> None:
+    if not all("!" <= c <= "~" for c in token):
+        raise ValueError(f"{source}: a token is one line of printable ASCII without spaces")
+
+
+def _read_pem(path: PathLike, what: str) -> bytes:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"{what} {path}: cannot read: {e}") from e
+    if b"-----BEGIN " not in data:
+        raise ValueError(f"{what} {path} holds no PEM block")
+    return data
+
+
+class _Details(
+    collections.namedtuple(
+        "_Details", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+    ),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+class _BearerToken(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds the authorization header to every call of the channel."""
+
+    def __init__(self, token: str):
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _details(self, d: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        metadata = [m for m in (d.metadata or ()) if m[0] != "authorization"]
+        metadata.append(self._header)
+        return _Details(
+            d.method, d.timeout, metadata, d.credentials,
+            getattr(d, "wait_for_ready", None), getattr(d, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+        return continuation(self._details(client_call_details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return continuation(self._details(client_call_details), request_iterator)
+
+
+def open_channel(
+    server: str,
+    *,
+    tls_ca: PathLike | None = None,
+    tls_cert: PathLike | None = None,
+    tls_key: PathLike | None = None,
+    tls_server_name: str | None = None,
+    token: str | None = None,
+    token_file: PathLike | None = None,
+    options: Iterable[tuple[str, Any]] = (),
+) -> grpc.Channel:
+    """A channel to the daemon at `server` (host:port).
+
+    Args:
+        tls_ca: PEM file of the CA that signed the daemon's certificate. TLS
+            is used when this or `tls_cert` is given (without it gRPC's
+            default roots verify the daemon).
+        tls_cert, tls_key: PEM client certificate and its key (both or
+            neither), for a daemon started with --tls_client_ca (mTLS).
+        tls_server_name: the name the daemon's certificate is checked
+            against instead of the host of `server` (TLS only).
+        token, token_file: the bearer token (role actor, observer or admin)
+            sent with every call, or a file holding it (trailing newline
+            stripped); at most one of the two.
+        options: extra gRPC channel options, after DEFAULT_OPTIONS.
+
+    Raises ValueError naming the file or parameter when a file cannot be
+    read or the parameters do not fit together. Connecting happens on the
+    first call.
+    """
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("tls_cert and tls_key go together")
+    if token is not None and token_file is not None:
+        raise ValueError("give token or token_file, not both")
+    tls = tls_ca is not None or tls_cert is not None
+    if tls_server_name and not tls:
+        raise ValueError("tls_server_name needs TLS (tls_ca)")
+    if token_file is not None:
+        token = read_token_file(token_file)
+    elif token is not None:
+        token = token.strip()
+        if not token:
+            raise ValueError("token is empty")
+        _check_token(token, "token")
+
+    channel_options: list[tuple[str, Any]] = [*DEFAULT_OPTIONS, *options]
+    if tls:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read_pem(tls_ca, "tls_ca") if tls_ca is not None else None,
+            private_key=_read_pem(tls_key, "tls_key") if tls_key is not None else None,
+            certificate_chain=_read_pem(tls_cert, "tls_cert") if tls_cert is not None else None,
+        )
+        if tls_server_name:
+            channel_options.append(("grpc.ssl_target_name_override", tls_server_name))
+        channel = grpc.secure_channel(server, credentials, options=channel_options)
+    else:
+        channel = grpc.insecure_channel(server, options=channel_options)
+    if token is not None:
+        channel = grpc.intercept_channel(channel, _BearerToken(token))
+    return channel
+
+
+def channel_for(
+    server: str | grpc.Channel, *, options: Iterable[tuple[str, Any]] = (), **security: Any
+) -> tuple[grpc.Channel, bool]:
+    """(channel, owned): `server` itself when it is a channel (then no
+    security parameter may be given: the channel has its own), else
+    open_channel(server, **security) with the parameters that are not None,
+    which the caller owns and closes."""
+    given = {k: v for k, v in security.items() if v is not None}
+    if isinstance(server, grpc.Channel):
+        if given:
+            raise ValueError(f"{', '.join(given)}: not used with a ready channel; pass the address instead")
+        return server, False
+    return open_channel(server, options=options, **given), True
