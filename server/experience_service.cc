@@ -53,8 +53,11 @@ class ExperienceService::StreamReactor final : public Reactor,
   }
 
   void OnCancel() override ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    cancelled_ = true;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+    }
+    ReleaseSlot();
   }
 
   void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
@@ -66,18 +69,24 @@ class ExperienceService::StreamReactor final : public Reactor,
       cancelled = cancelled_ || context_->IsCancelled();
     }
     if (!ok) {
+      ReleaseSlot();  // nothing more is read; a flush in flight is budgeted
       OnClosed(cancelled);
       return;
     }
-    const size_t bytes = request_.Length();
-    if (!grpc::SerializationTraits<v1::TransitionBatch>::Deserialize(&request_, &batch_).ok()) {
-      End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                       absl::StrCat("TransitionBatch: message does not parse (", bytes, " bytes)")));
+    ack_.Clear();
+    ack_.set_throttle(service_->learner_->throttled());
+    const DecodedBatch decoded = DecodeBatch(&request_, service_->config_.server(), &batch_);
+    request_.Clear();
+    if (decoded.result == DecodedBatch::kUnparsable) {
+      service_->counters_->Rejected("message");
+      End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, decoded.error.message));
       return;
     }
-    ack_.Clear();
     ack_.set_sequence(batch_.sequence());
-    ack_.set_throttle(service_->learner_->throttled());
+    if (decoded.result == DecodedBatch::kRejected) {
+      Reject(decoded.error);
+      return;
+    }
     if (auto error = ValidateBatch(batch_, service_->spec_, service_->config_.server())) {
       Reject(*error);
       return;
@@ -95,7 +104,11 @@ class ExperienceService::StreamReactor final : public Reactor,
     }
     const int64_t lag = std::max<int64_t>(
         0, service_->policy_version_.load(std::memory_order_relaxed) - batch_.policy_version());
-    service_->sessions_->Submit(session_, batch_, [self = shared_from_this(), lag](IngestOutcome outcome) {
+    // The session copies what it keeps; the parsed batch is freed when
+    // Submit returns (the outcome may already have started the next read,
+    // which parses into batch_ again).
+    const v1::TransitionBatch batch = std::move(batch_);
+    service_->sessions_->Submit(session_, batch, [self = shared_from_this(), lag](IngestOutcome outcome) {
       self->OnOutcome(std::move(outcome), lag);
     });
   }
@@ -124,7 +137,7 @@ class ExperienceService::StreamReactor final : public Reactor,
 
   void OnDone() override {
     service_->Unregister(this);
-    service_->counters_->CloseStream();
+    ReleaseSlot();
     std::shared_ptr<StreamReactor> last = std::move(self_);  // may delete this on return
   }
 
@@ -137,7 +150,15 @@ class ExperienceService::StreamReactor final : public Reactor,
       if (finished_ || busy_) return;  // OnWriteDone ends it after the batch in flight
       finished_ = true;
     }
+    ReleaseSlot();
     Finish(Superseded());
+  }
+
+  // Gives the stream's server.max_streams slot back as soon as the stream
+  // reads nothing more (ended, half-closed or cancelled), not only in OnDone:
+  // a batch it left in the learner is bounded by server.max_queued_bytes.
+  void ReleaseSlot() {
+    if (!slot_released_.exchange(true, std::memory_order_relaxed)) service_->counters_->CloseStream();
   }
 
   grpc::Status Superseded() const {
@@ -231,12 +252,14 @@ class ExperienceService::StreamReactor final : public Reactor,
       if (finished_) return;
       finished_ = true;
     }
+    ReleaseSlot();
     Finish(std::move(status));
   }
 
   ExperienceService* const service_;
   grpc::CallbackServerContext* const context_;
   std::shared_ptr<StreamReactor> self_;
+  std::atomic<bool> slot_released_{false};
 
   absl::Mutex mu_;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // from a read's completion until its ack is written

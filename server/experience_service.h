@@ -1,14 +1,18 @@
 // ExperienceService: actors stream TransitionBatches, the daemon answers each
 // with one Ack. One reactor per stream (callback API, no thread per stream)
-// that only translates: it parses the wire bytes (a message that does not
+// that only translates: it decodes the wire bytes (DecodeBatch: the
+// stream_id is checked before protobuf parses; a message that does not
 // parse ends the stream with INVALID_ARGUMENT), validates the batch, hands it
 // to the stream's ingest session (IngestSessions: de-duplication, n-step
-// windows, the insert and its commit) and writes the Ack from the session's
-// outcome. The next read starts only after that Ack is written, so a learner
+// windows, the queued-bytes budget, the insert and its commit) and writes
+// the Ack from the session's outcome. The next read starts only after that
+// Ack is written, so each stream has exactly one batch in flight, a learner
 // that falls behind stops the stream's reads and HTTP/2 flow control pushes
-// back on the actor; nothing is dropped. Each stream has at most one batch
-// in flight, so pending memory is bounded by server.max_streams x (one batch
-// + the HTTP/2 window).
+// back on the actor; nothing is dropped. Memory held for streams: at most
+// server.max_streams messages being received (each <= max_message_bytes)
+// plus server.max_queued_bytes of accepted batches. A stream gives its
+// max_streams slot back as soon as it reads nothing more (half-close,
+// cancel, end), even while its last batch still waits for the replay.
 #pragma once
 
 #include <atomic>

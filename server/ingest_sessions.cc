@@ -37,6 +37,9 @@ struct IngestSessions::Work {
   v1::TransitionBatch batch;
   const v1::TransitionBatch* inline_batch = nullptr;
   uint64_t epoch = 0;
+  // The batch's bytes reserved in queued_bytes_ by Submit, released with
+  // its outcome.
+  int64_t reserved_bytes = 0;
   Done done;
 
   const v1::TransitionBatch& get() const { return inline_batch ? *inline_batch : batch; }
@@ -53,6 +56,7 @@ struct IngestSessions::Work {
 struct IngestSessions::Finished {
   Done done;
   IngestOutcome outcome;
+  int64_t release_bytes = 0;  // returned to queued_bytes_ before `done` runs
 };
 
 struct IngestRecord {
@@ -86,6 +90,14 @@ IngestOutcome Outcome(int64_t replay_size) {
   return o;
 }
 
+// Heap bytes of a parsed batch (its columns and the message).
+int64_t BatchBytes(const v1::TransitionBatch& b) {
+  const int64_t words = static_cast<int64_t>(b.obs_size()) + b.next_obs_size() + b.actions_size() + b.rewards_size() +
+                        b.discounts_size() + b.env_ids_size();
+  return words * 4 + b.done_size() + b.truncated_size() + static_cast<int64_t>(b.stream_id().size()) +
+         static_cast<int64_t>(sizeof(v1::TransitionBatch));
+}
+
 }  // namespace
 
 IngestSessions::IngestSessions(Learner* learner, const NetworkSpec& spec, const v1::TrainerConfig& config,
@@ -95,7 +107,7 @@ IngestSessions::IngestSessions(Learner* learner, const NetworkSpec& spec, const 
       config_(config),
       counters_(counters),
       assembler_(spec, config.returns().n_step(), config.returns().gamma(),
-                 config.server().max_batch_transitions()) {
+                 config.server().max_envs_per_stream()) {
   replay_size_.store(learner_->status().replay_size, std::memory_order_relaxed);
 }
 
@@ -115,6 +127,27 @@ void IngestSessions::Stop() {
     stop_ = true;
   }
   if (expiry_thread_.joinable()) expiry_thread_.join();
+}
+
+bool IngestSessions::TryReserve(int64_t bytes) {
+  const int64_t max = config_.server().max_queued_bytes();
+  int64_t current = queued_bytes_.load(std::memory_order_relaxed);
+  do {
+    if (current >= max) return false;
+  } while (!queued_bytes_.compare_exchange_weak(current, current + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+void IngestSessions::Release(int64_t bytes) {
+  if (bytes != 0) queued_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+absl::Status IngestSessions::QueueFull(int64_t bytes) const {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("server.max_queued_bytes = ", config_.server().max_queued_bytes(), " is reached (",
+                   queued_bytes_.load(std::memory_order_relaxed),
+                   " bytes of batches and n-step windows wait for the replay; this batch needs ", bytes,
+                   "); resend it later"));
 }
 
 void IngestSessions::ExpiryLoop() {
@@ -165,7 +198,16 @@ std::shared_ptr<IngestSession> IngestSessions::Attach(const std::string& stream_
 void IngestSessions::Submit(const std::shared_ptr<IngestSession>& session, const v1::TransitionBatch& batch,
                             Done done) {
   const std::shared_ptr<IngestRecord>& r = session->record();
+  const int64_t bytes = BatchBytes(batch);
+  if (!TryReserve(bytes)) {
+    counters_->Rejected("queued_bytes");
+    IngestOutcome outcome = Outcome(replay_size_.load(std::memory_order_relaxed));
+    outcome.status = QueueFull(bytes);
+    done(std::move(outcome));
+    return;
+  }
   Work work = Work::Of(Work::Type::kBatch, std::move(done));
+  work.reserved_bytes = bytes;
   {
     absl::MutexLock lock(&r->mu);
     if (!r->Idle()) {
@@ -236,6 +278,7 @@ void IngestSessions::Run(const std::shared_ptr<IngestRecord>& r, Work work) {
         r->queue.pop_front();
       }
     }
+    Release(finished->release_bytes);
     if (finished->done) finished->done(std::move(finished->outcome));
     if (!next) return;
     work = std::move(*next);
@@ -245,7 +288,10 @@ void IngestSessions::Run(const std::shared_ptr<IngestRecord>& r, Work work) {
 std::optional<IngestSessions::Finished> IngestSessions::Process(const std::shared_ptr<IngestRecord>& r,
                                                                 Work& work) {
   const bool flush = work.type != Work::Type::kBatch;
-  Finished finished{std::move(work.done), Outcome(replay_size_.load(std::memory_order_relaxed))};
+  Finished finished{std::move(work.done), Outcome(replay_size_.load(std::memory_order_relaxed)),
+                    work.reserved_bytes};
+  const int64_t window_bytes = assembler_.window_bytes();
+  int64_t opened_bytes = 0;  // reserved for the windows this batch may open
   uint64_t sequence = 0;
   NStepWindows delta;
   TransitionColumns columns = EmptyColumns(spec_);
@@ -271,12 +317,16 @@ std::optional<IngestSessions::Finished> IngestSessions::Process(const std::share
           finished.outcome.error = std::move(*error);
           return finished;
         }
+        // Part of the batch that Submit admitted (its overshoot, if any).
+        opened_bytes = NStepAssembler::Opened(delta, r->windows) * window_bytes;
+        queued_bytes_.fetch_add(opened_bytes, std::memory_order_relaxed);
       } else {
         columns = ColumnsFromNStepBatch(batch, spec_);
       }
       if (columns.n == 0) {  // every step waits in its window: nothing to insert, commit now
-        NStepAssembler::Commit(&delta, &r->windows);
+        const int64_t gained = NStepAssembler::Commit(&delta, &r->windows);
         if (sequence != 0) r->last_sequence = std::max(r->last_sequence, sequence);
+        finished.release_bytes += opened_bytes - gained * window_bytes;
         return finished;
       }
     }
@@ -285,7 +335,8 @@ std::optional<IngestSessions::Finished> IngestSessions::Process(const std::share
   // Commits the sequence and the windows on the learner thread, right after
   // the insert (or drops them when it failed), then runs the record's next
   // work item.
-  auto on_inserted = [this, r, flush, sequence, n, delta = std::move(delta),
+  auto on_inserted = [this, r, flush, sequence, n, delta = std::move(delta), window_bytes,
+                      release = finished.release_bytes + opened_bytes,
                       done = std::move(finished.done)](absl::Status status, int64_t replay_size) mutable {
     IngestOutcome outcome;
     std::optional<Work> next;
@@ -301,7 +352,7 @@ std::optional<IngestSessions::Finished> IngestSessions::Process(const std::share
     {
       absl::MutexLock lock(&r->mu);
       if (outcome.status.ok()) {
-        NStepAssembler::Commit(&delta, &r->windows);
+        release -= NStepAssembler::Commit(&delta, &r->windows) * window_bytes;
         if (sequence != 0) r->last_sequence = std::max(r->last_sequence, sequence);
       }
       if (r->queue.empty()) {
@@ -311,6 +362,7 @@ std::optional<IngestSessions::Finished> IngestSessions::Process(const std::share
         r->queue.pop_front();
       }
     }
+    Release(release);
     if (done) done(std::move(outcome));
     if (next) Run(r, std::move(*next));
   };
@@ -406,11 +458,23 @@ absl::Status IngestSessions::Restore(const v1::IngestState& state) {
     r->detached_at = now;
     restored.emplace(s.stream_id(), std::move(r));
   }
+  // The budget counts the restored windows instead of the replaced ones.
+  int64_t windows = 0;
+  const auto count = [&windows](const auto& records, int64_t sign) {
+    for (const auto& [id, r] : records) {
+      absl::MutexLock lock(&r->mu);
+      windows += sign * static_cast<int64_t>(r->windows.size());
+    }
+  };
+  count(restored, 1);
   {
     absl::MutexLock lock(&mu_);
+    count(sessions_, -1);
+    count(private_, -1);
     sessions_ = std::move(restored);
     private_.clear();
   }
+  queued_bytes_.fetch_add(windows * assembler_.window_bytes(), std::memory_order_relaxed);
   if (flush.n > 0) {
     const int64_t n = flush.n;
     learner_->Enqueue(std::move(flush), [this, n](absl::Status status, int64_t replay_size) {

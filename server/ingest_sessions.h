@@ -18,6 +18,13 @@
 // then they are flushed into the replay as shorter-horizon transitions; its
 // sequence record is forgotten after server.session_ttl_seconds, or earlier
 // (longest-detached first) when more than max_sessions exist.
+//
+// Memory is bounded: each session holds at most server.max_envs_per_stream
+// windows, and server.max_queued_bytes caps the bytes of batches submitted
+// but not yet in the replay plus the windows of every session; a batch that
+// finds the budget full fails with RESOURCE_EXHAUSTED (nothing of it is
+// inserted, its sequence is not committed) and the stream ends so that the
+// client resends it after a backoff.
 #pragma once
 
 #include <atomic>
@@ -53,8 +60,9 @@ struct IngestRecord;
 // The outcome of one submitted batch, as the ack will carry it.
 struct IngestOutcome {
   // Not OK: the batch could not be inserted (learner stopped, backend
-  // failure); nothing of it is in the replay and its sequence is not
-  // committed. The stream should end with this status.
+  // failure, server.max_queued_bytes full: RESOURCE_EXHAUSTED); nothing of
+  // it is in the replay and its sequence is not committed. The stream should
+  // end with this status.
   absl::Status status;
   // Set when the batch was rejected by the session (e.g. too many env ids);
   // nothing of it was inserted. The stream carries on.
@@ -114,6 +122,9 @@ class IngestSessions {
   int64_t num_sessions() const ABSL_LOCKS_EXCLUDED(mu_);
   // Transitions waiting in n-step windows over all sessions.
   int64_t pending_transitions() const ABSL_LOCKS_EXCLUDED(mu_);
+  // What server.max_queued_bytes counts now: submitted batches not yet
+  // finished plus every session's windows.
+  int64_t queued_bytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
 
  private:
   friend struct IngestRecord;
@@ -135,6 +146,10 @@ class IngestSessions {
   // are to be flushed by the caller.
   void EvictLocked(std::vector<std::shared_ptr<IngestRecord>>* evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpiryLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds `bytes` to queued_bytes_ while it is below server.max_queued_bytes.
+  bool TryReserve(int64_t bytes);
+  void Release(int64_t bytes);
+  absl::Status QueueFull(int64_t bytes) const;
 
   // Every pending insert callback captures `this`: the learner must be
   // stopped (its callbacks run) before this object is destroyed.
@@ -145,6 +160,9 @@ class IngestSessions {
   const NStepAssembler assembler_;  // stateless; windows live in the records
   // Latest replay size reported by an insert (for acks that insert nothing).
   std::atomic<int64_t> replay_size_{0};
+  // Bytes of batches between Submit and their outcome, plus window_bytes per
+  // committed window and per window a batch in the learner may open.
+  std::atomic<int64_t> queued_bytes_{0};
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<IngestRecord>> sessions_ ABSL_GUARDED_BY(mu_);

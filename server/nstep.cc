@@ -83,9 +83,9 @@ std::optional<BatchError> NStepAssembler::Add(const v1::TransitionBatch& batch, 
       const uint32_t id = batch.env_ids(i);
       if (committed.count(id) || delta->count(id) || !fresh.insert(id).second) continue;
       if (++envs > max_envs_) {
-        return BatchError{v1::Error::INVALID_FIELD, "env_ids",
-                          absl::StrCat("env_ids[", i, "]: ", id, " opens more than ", max_envs_,
-                                       " environments on this stream")};
+        return BatchError{v1::Error::TOO_LARGE, "env_ids",
+                          absl::StrCat("env_ids[", i, "]: ", id, " opens more than server.max_envs_per_stream = ",
+                                       max_envs_, " environments on this stream")};
       }
     }
   }
@@ -113,15 +113,34 @@ void NStepAssembler::Flush(const NStepWindows& windows, TransitionColumns* out) 
   for (const auto& [id, w] : windows) EmitAll(w, /*terminal=*/false, out);
 }
 
-void NStepAssembler::Commit(NStepWindows* delta, NStepWindows* committed) {
+int64_t NStepAssembler::Commit(NStepWindows* delta, NStepWindows* committed) {
+  int64_t gained = 0;
   for (auto& [id, w] : *delta) {
     if (w.size == 0) {
-      committed->erase(id);
+      gained -= static_cast<int64_t>(committed->erase(id));
     } else {
-      (*committed)[id] = std::move(w);
+      auto [it, inserted] = committed->insert_or_assign(id, std::move(w));
+      gained += inserted ? 1 : 0;
     }
   }
   delta->clear();
+  return gained;
+}
+
+int64_t NStepAssembler::Opened(const NStepWindows& delta, const NStepWindows& committed) {
+  int64_t opened = 0;
+  for (const auto& [id, w] : delta) opened += committed.count(id) ? 0 : 1;
+  return opened;
+}
+
+int64_t NStepAssembler::window_bytes() const {
+  // Four vectors, each with a malloc header and rounding (~16 bytes), and a
+  // std::map node (three pointers, colour, key) around the window struct.
+  constexpr int64_t kPerAllocation = 16;
+  constexpr int64_t kMapNode = 4 * sizeof(void*);
+  const int64_t columns = (static_cast<int64_t>(n_) * obs_dim_ + obs_dim_ + n_) * sizeof(float) +
+                          static_cast<int64_t>(n_) * branches_ * sizeof(int32_t);
+  return columns + 4 * kPerAllocation + kMapNode + kPerAllocation + static_cast<int64_t>(sizeof(NStepWindow));
 }
 
 void NStepAssembler::Save(const NStepWindows& windows,

@@ -48,7 +48,8 @@ using NStepWindows = std::map<uint32_t, NStepWindow>;
 
 class NStepAssembler {
  public:
-  // `max_envs` bounds the windows of one session (memory a client can pin).
+  // `max_envs` bounds the windows of one session (memory a client can pin;
+  // server.max_envs_per_stream).
   NStepAssembler(const NetworkSpec& spec, int n_step, float gamma, int64_t max_envs);
 
   // Appends the items a validated KIND_STEP batch completes to `out` (whose
@@ -67,11 +68,18 @@ class NStepAssembler {
   void Flush(const NStepWindows& windows, TransitionColumns* out) const;
 
   // Applies a delta from Add to `committed` (emptied windows are dropped)
-  // and clears it.
-  static void Commit(NStepWindows* delta, NStepWindows* committed);
+  // and clears it. Returns how many windows `committed` gained (negative:
+  // lost).
+  static int64_t Commit(NStepWindows* delta, NStepWindows* committed);
+  // Windows of `delta` that `committed` does not hold (what committing it
+  // can add at most).
+  static int64_t Opened(const NStepWindows& delta, const NStepWindows& committed);
 
   // Steps waiting in `windows` for later steps.
   static int64_t Pending(const NStepWindows& windows);
+  // Heap bytes one window holds (its columns, the map node, allocator
+  // overhead): what server.max_queued_bytes counts per window.
+  int64_t window_bytes() const;
 
   // Checkpoint form (NStepWindowState, oldest step first), env by env.
   void Save(const NStepWindows& windows, google::protobuf::RepeatedPtrField<v1::NStepWindowState>* out) const;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/grpc_status.h"
+#include "server/validate.h"
 
 namespace qstream {
 
@@ -174,15 +175,19 @@ grpc::ServerUnaryReactor* PolicyService::Evaluate(grpc::CallbackServerContext* c
   }
   const int64_t n = request->count();
   const int obs_dim = config_.network().obs_dim();
-  const int64_t max_n = config_.server().max_batch_transitions();
+  const int64_t max_n = config_.server().max_evaluate_observations();
   grpc::Status status;
+  int64_t bad = -1;
   if (n == 0 || n > max_n) {
     status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("count: ", n, " not in [1, server.max_batch_transitions = ", max_n, "]"));
+                          absl::StrCat("count: ", n, " not in [1, server.max_evaluate_observations = ", max_n, "]"));
   } else if (request->obs_size() != n * obs_dim) {
     status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrCat("obs: ", request->obs_size(), " values, expected count x obs_dim = ", n,
                                        " x ", obs_dim, " = ", n * obs_dim));
+  } else if ((bad = FirstNonFinite(request->obs().data(), request->obs_size())) >= 0) {
+    status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("obs[", bad, "]: ", request->obs(static_cast<int>(bad)), " is not finite"));
   } else {
     const auto snapshot = learner_->policy();
     std::vector<float> q;

@@ -1,12 +1,17 @@
-// Validation of an incoming TransitionBatch against the network shape and the
-// server limits. A pure function: the RPC layer calls it before anything of
-// the batch is converted or inserted, and a failure becomes an error Ack.
+// Decoding and validation of an incoming TransitionBatch against the network
+// shape and the server limits. Pure functions: the RPC layer calls them
+// before anything of the batch is converted or inserted, and a failure
+// becomes an error Ack (or, for bytes that do not parse, the end of the
+// stream).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "qstream/v1/config.pb.h"
 #include "qstream/v1/experience.pb.h"
 #include "trainer/network_spec.h"
@@ -28,14 +33,41 @@ struct BatchError {
 // reason label values).
 const std::vector<std::string>& BatchFieldNames();
 
+// What DecodeBatch made of a message's bytes.
+struct DecodedBatch {
+  enum Result {
+    kParsed,      // the batch is in *out (not validated yet: ValidateBatch)
+    kRejected,    // `error` is the Ack's error; the stream carries on
+    kUnparsable,  // the bytes are no TransitionBatch; `error.message` says why
+  };
+  Result result = kParsed;
+  BatchError error;
+};
+
+// Parses one TransitionBatch from its wire bytes, after a pre-scan of the
+// top-level fields: every stream_id occurrence must be at most
+// server.max_stream_id_bytes long (checked from its length prefix, before a
+// byte of it is copied) and of [A-Za-z0-9._:@/-] (so it is valid UTF-8 and
+// protobuf's parser never logs about it). Other fields are skipped by the
+// scan and parsed by protobuf. `out` is cleared first; when the batch is
+// rejected it holds only its sequence (for the Ack).
+DecodedBatch DecodeBatch(absl::string_view bytes, const v1::ServerConfig& server, v1::TransitionBatch* out);
+// The same over a received gRPC message, read twice (scan, parse) without
+// flattening it.
+DecodedBatch DecodeBatch(grpc::ByteBuffer* bytes, const v1::ServerConfig& server, v1::TransitionBatch* out);
+
+// Index of the first non-finite value of x[0, n), or -1.
+int64_t FirstNonFinite(const float* x, int64_t n);
+
 // Checks, in order: kind (KIND_NSTEP or KIND_STEP; KIND_UNSPECIFIED is an
-// error), stream_id (at most 128 bytes of [A-Za-z0-9._:@/-]), count (> 0,
-// <= server.max_batch_transitions), column lengths (obs, next_obs = count x
-// obs_dim; actions = count x branches; rewards = count; KIND_NSTEP:
+// error), stream_id (at most server.max_stream_id_bytes of [A-Za-z0-9._:@/-]),
+// count (> 0, <= server.max_batch_transitions), column lengths (obs, next_obs
+// = count x obs_dim; actions = count x branches; rewards = count; KIND_NSTEP:
 // discounts = count, no per-step columns; KIND_STEP: done = count, truncated
 // and env_ids empty or count, no discounts, never done[i] and truncated[i]
 // both true), then values (obs, next_obs, rewards finite; actions in range of
-// their branch; discounts finite and in [0, 1]), policy_version >= 0.
+// their branch; discounts finite and in [0, 1]), policy_version >= 0. (The
+// number of env_ids per session is the ingest session's to check.)
 // Returns nullopt when the batch is valid.
 std::optional<BatchError> ValidateBatch(const v1::TransitionBatch& batch, const NetworkSpec& spec,
                                         const v1::ServerConfig& server);

@@ -87,6 +87,11 @@ absl::Status ValidateConfig(const v1::TrainerConfig& c) {
   if (s.max_sessions() < 1) return Bad("server.max_sessions", "must be >= 1");
   if (!Finite(s.session_ttl_seconds()) || s.session_ttl_seconds() < s.stream_resume_seconds())
     return Bad("server.session_ttl_seconds", "must be >= server.stream_resume_seconds");
+  if (s.max_stream_id_bytes() < 1 || s.max_stream_id_bytes() > 4096)
+    return Bad("server.max_stream_id_bytes", "must be in [1, 4096]");
+  if (s.max_envs_per_stream() < 1) return Bad("server.max_envs_per_stream", "must be >= 1");
+  if (s.max_queued_bytes() < 1) return Bad("server.max_queued_bytes", "must be >= 1");
+  if (s.max_evaluate_observations() < 1) return Bad("server.max_evaluate_observations", "must be >= 1");
   if (g.max_consecutive_trips() < 0) return Bad("guard.max_consecutive_trips", "must be >= 0");
   const auto& k = c.checkpoint();
   if (k.every_steps() < 0) return Bad("checkpoint.every_steps", "must be >= 0");

@@ -401,6 +401,76 @@ TEST(IngestSessionsTest, BeyondMaxSessionsTheLongestDetachedIsFlushedAndForgotte
   EXPECT_TRUE(SubmitAndWait(rig.sessions.get(), m2, NStep(1, "m2", {6})).duplicate);
 }
 
+TEST(IngestSessionsTest, QueuedBytesFullRefusesWithResourceExhaustedUntilTheReplayTakesTheBatch) {
+  v1::TrainerConfig config = Config();
+  config.mutable_server()->set_max_queued_bytes(1);  // one batch may overshoot it by itself
+  Rig rig(config);  // not started: the first batch waits for the learner
+  auto a = rig.sessions->Attach("qa", [] {});
+  auto b = rig.sessions->Attach("qb", [] {});
+  absl::Notification a_done;
+  IngestOutcome a_outcome;
+  rig.sessions->Submit(a, NStep(1, "qa", {1, 2}), [&](IngestOutcome o) {
+    a_outcome = std::move(o);
+    a_done.Notify();
+  });
+  EXPECT_FALSE(a_done.HasBeenNotified());
+  EXPECT_GT(rig.sessions->queued_bytes(), 0);
+  const IngestOutcome refused = SubmitAndWait(rig.sessions.get(), b, NStep(1, "qb", {3}));  // inline
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status.message().find("server.max_queued_bytes = 1 is reached"), std::string::npos)
+      << refused.status;
+  EXPECT_EQ(refused.accepted, 0);
+  EXPECT_EQ(rig.counters.rejected_by_reason()["queued_bytes"], 1);
+  rig.learner->Start();
+  a_done.WaitForNotification();
+  ASSERT_TRUE(a_outcome.status.ok()) << a_outcome.status;
+  EXPECT_EQ(rig.sessions->queued_bytes(), 0);
+  // Its sequence was not committed: the resend is new.
+  const IngestOutcome resent = SubmitAndWait(rig.sessions.get(), b, NStep(1, "qb", {3}));
+  ASSERT_TRUE(resent.status.ok()) << resent.status;
+  EXPECT_EQ(resent.accepted, 1);
+  EXPECT_FALSE(resent.duplicate);
+  EXPECT_EQ(rig.sessions->queued_bytes(), 0);
+}
+
+TEST(IngestSessionsTest, WindowsCountTowardsTheQueuedBytesUntilFlushed) {
+  v1::TrainerConfig config = Config();
+  const int64_t window_bytes = NStepAssembler(*NetworkSpec::Create(config.network()), 3, 0.5f, 1).window_bytes();
+  config.mutable_server()->set_max_queued_bytes(4 * window_bytes);
+  Rig rig(config);
+  rig.learner->Start();
+  auto a = rig.sessions->Attach("wa", [] {});
+  // Three envs, one step each: everything waits in its window.
+  ASSERT_EQ(SubmitAndWait(rig.sessions.get(), a, Step(1, "wa", {{0, 1, 1}, {1, 2, 1}, {2, 3, 1}})).accepted, 0);
+  EXPECT_EQ(rig.sessions->queued_bytes(), 3 * window_bytes);
+  // An episode end closes a window; a new env opens one (still below the budget).
+  ASSERT_TRUE(SubmitAndWait(rig.sessions.get(), a, Step(2, "wa", {{0, 1, 1, true}, {3, 4, 1}, {4, 5, 1}})).status.ok());
+  EXPECT_EQ(rig.sessions->queued_bytes(), 4 * window_bytes);
+  auto b = rig.sessions->Attach("wb", [] {});
+  const IngestOutcome refused = SubmitAndWait(rig.sessions.get(), b, NStep(1, "wb", {9}));
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
+  // The half-close flush gives every window back.
+  ASSERT_TRUE(DetachAndWait(rig.sessions.get(), a, /*clean=*/true).status.ok());
+  EXPECT_EQ(rig.sessions->queued_bytes(), 0);
+  EXPECT_EQ(SubmitAndWait(rig.sessions.get(), b, NStep(1, "wb", {9})).accepted, 1);
+}
+
+TEST(IngestSessionsTest, EnvIdsPerSessionAreBoundedByMaxEnvsPerStream) {
+  v1::TrainerConfig config = Config();
+  config.mutable_server()->set_max_envs_per_stream(2);
+  Rig rig(config);
+  rig.learner->Start();
+  auto s = rig.sessions->Attach("envs", [] {});
+  ASSERT_EQ(SubmitAndWait(rig.sessions.get(), s, Step(1, "envs", {{0, 1, 1}, {1, 2, 1}})).accepted, 0);
+  const IngestOutcome o = SubmitAndWait(rig.sessions.get(), s, Step(2, "envs", {{5, 3, 1}}));
+  ASSERT_TRUE(o.status.ok());
+  ASSERT_TRUE(o.error.has_value());
+  EXPECT_EQ(o.error->field, "env_ids");
+  EXPECT_EQ(o.error->message, "env_ids[0]: 5 opens more than server.max_envs_per_stream = 2 environments on this stream");
+  // Sequence 2 was not committed: a corrected resend is new.
+  EXPECT_FALSE(SubmitAndWait(rig.sessions.get(), s, Step(2, "envs", {{1, 3, 1}})).duplicate);
+}
+
 TEST(IngestSessionsTest, SaveRestoreRoundTripAndPrivateSessionsFlushAtRestore) {
   v1::IngestState saved;
   {
@@ -650,3 +720,4 @@ TEST(IngestSessionsPropertyTest, AfterACheckpointCrashAndFullResendEveryTransiti
 
 }  // namespace
 }  // namespace qstream
+

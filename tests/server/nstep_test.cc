@@ -191,10 +191,42 @@ TEST(NStepAssemblerTest, TooManyEnvironmentsRejectsTheWholeBatch) {
   const auto error = a.Add(Batch({{1, 1, 1, true}, {2, 1, 1}, {3, 0, 1}}), &out);
   ASSERT_TRUE(error.has_value());
   EXPECT_EQ(error->field, "env_ids");
-  EXPECT_EQ(error->message, "env_ids[2]: 3 opens more than 2 environments on this stream");
+  EXPECT_EQ(error->code, v1::Error::TOO_LARGE);
+  EXPECT_EQ(error->message, "env_ids[2]: 3 opens more than server.max_envs_per_stream = 2 environments on this stream");
   EXPECT_EQ(out.n, 0);
   EXPECT_EQ(a.pending(), 2);  // env 1's done was not applied
   EXPECT_EQ(a.num_envs(), 2);
+}
+
+TEST(NStepAssemblerTest, EnvironmentsThatEndTheirEpisodeFreeTheirSlot) {
+  Assembler a(Spec(), 3, 0.5f, /*max_envs=*/2);
+  TransitionColumns out = EmptyColumns(Spec());
+  ASSERT_FALSE(a.Add(Batch({{1, 0, 1}, {2, 0, 1, true}}), &out).has_value());  // env 2 ends at once
+  EXPECT_EQ(a.num_envs(), 1);
+  ASSERT_FALSE(a.Add(Batch({{3, 0, 1}}), &out).has_value());
+  EXPECT_EQ(a.num_envs(), 2);
+  // Within one batch, ids are counted once however often they repeat.
+  ASSERT_FALSE(a.Add(Batch({{1, 1, 1}, {3, 1, 1}, {1, 2, 1}, {3, 2, 1}}), &out).has_value());
+  EXPECT_TRUE(a.Add(Batch({{4, 0, 1}}), &out).has_value());
+}
+
+TEST(NStepAssemblerTest, CommitCountsTheWindowsGainedAndLost) {
+  const NStepAssembler a(Spec(), 3, 0.5f, 16);
+  NStepWindows committed;
+  TransitionColumns out = EmptyColumns(Spec());
+  NStepWindows delta;
+  ASSERT_FALSE(a.Add(Batch({{1, 0, 1}, {2, 0, 1}, {3, 0, 1, true}}), committed, &delta, &out).has_value());
+  EXPECT_EQ(NStepAssembler::Opened(delta, committed), 3);  // env 3 opened and closed in the batch
+  EXPECT_EQ(NStepAssembler::Commit(&delta, &committed), 2);
+  ASSERT_FALSE(a.Add(Batch({{1, 1, 1, true}, {4, 0, 1}}), committed, &delta, &out).has_value());
+  EXPECT_EQ(NStepAssembler::Opened(delta, committed), 1);
+  EXPECT_EQ(NStepAssembler::Commit(&delta, &committed), 0);  // env 1 gone, env 4 new
+  EXPECT_EQ(committed.size(), 2u);
+  for (auto& [id, w] : committed) delta.emplace(id, NStepWindow{});  // a flush
+  EXPECT_EQ(NStepAssembler::Commit(&delta, &committed), -2);
+  EXPECT_TRUE(committed.empty());
+  // What server.max_queued_bytes counts per window: at least its columns.
+  EXPECT_GE(a.window_bytes(), static_cast<int64_t>((3 * 1 + 1 + 3) * sizeof(float) + 3 * sizeof(int32_t)));
 }
 
 TEST(NStepAssemblerTest, MultiBranchActionsTravelWithTheirStep) {

@@ -4,6 +4,11 @@
 #include <cmath>
 #include <string>
 #include <limits>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
 
 #include "gtest/gtest.h"
 #include "trainer/config.h"
@@ -101,7 +106,8 @@ TEST(ValidateBatchTest, UnspecifiedKindIsAnError) {
 TEST(ValidateBatchTest, StreamIdLengthAndBytes) {
   v1::TransitionBatch b = NStep(2);
   b.set_stream_id(std::string(129, 'a'));
-  ExpectError(b, "stream_id", "stream_id: 129 bytes, at most 128");
+  ExpectError(b, "stream_id", "stream_id: 129 bytes, at most server.max_stream_id_bytes = 128",
+              v1::Error::TOO_LARGE);
   b.set_stream_id("actor 7");
   ExpectError(b, "stream_id", "stream_id[5]: byte 0x20 is not one of [A-Za-z0-9._:@/-]");
   b.set_stream_id("a\xc3\xa9");
@@ -122,7 +128,7 @@ TEST(ValidateBatchTest, DoneAndTruncatedTogether) {
 TEST(ValidateBatchTest, FieldNamesCoverEveryError) {
   const auto& names = BatchFieldNames();
   for (const char* field : {"kind", "stream_id", "count", "obs", "next_obs", "actions", "rewards", "discounts",
-                            "done", "truncated", "env_ids", "policy_version"}) {
+                            "done", "truncated", "env_ids", "policy_version", "queued_bytes", "message"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), field), names.end()) << field;
   }
 }
@@ -230,6 +236,117 @@ TEST(ValidateBatchTest, NegativePolicyVersion) {
   v1::TransitionBatch b = NStep(2);
   b.set_policy_version(-3);
   ExpectError(b, "policy_version", "policy_version: -3 is negative");
+}
+
+// The wire bytes of `b` with a stream_id field (13, length-delimited) of
+// raw `id` appended: protobuf would log when serializing invalid UTF-8.
+std::string WithRawStreamId(const v1::TransitionBatch& b, const std::string& id) {
+  std::string wire = b.SerializeAsString();
+  wire.push_back(static_cast<char>((13 << 3) | 2));
+  uint64_t length = id.size();
+  do {
+    wire.push_back(static_cast<char>((length & 0x7f) | (length > 0x7f ? 0x80 : 0)));
+    length >>= 7;
+  } while (length != 0);
+  return wire + id;
+}
+
+TEST(DecodeBatchTest, ParsesAValidBatch) {
+  v1::TransitionBatch b = NStep(3);
+  b.set_sequence(9);
+  b.set_stream_id("actor-1/env.2@host:7_x");
+  v1::TransitionBatch out;
+  out.set_count(77);  // cleared first
+  const DecodedBatch d = DecodeBatch(b.SerializeAsString(), Server(), &out);
+  EXPECT_EQ(d.result, DecodedBatch::kParsed);
+  EXPECT_EQ(out.SerializeAsString(), b.SerializeAsString());
+  EXPECT_FALSE(ValidateBatch(out, Spec(), Server()).has_value());
+}
+
+TEST(DecodeBatchTest, LongStreamIdIsRejectedFromItsLengthPrefix) {
+  v1::TransitionBatch b = NStep(2);
+  b.set_sequence(5);
+  v1::TransitionBatch out;
+  const std::string wire = WithRawStreamId(b, std::string(4 << 20, 'a'));
+  const DecodedBatch d = DecodeBatch(wire, Server(), &out);
+  ASSERT_EQ(d.result, DecodedBatch::kRejected);
+  EXPECT_EQ(d.error.field, "stream_id");
+  EXPECT_EQ(d.error.code, v1::Error::TOO_LARGE);
+  EXPECT_EQ(d.error.message, "stream_id: 4194304 bytes, at most server.max_stream_id_bytes = 128");
+  EXPECT_EQ(out.sequence(), 5u);  // for the ack
+  EXPECT_EQ(out.count(), 0u);     // nothing else was parsed
+  EXPECT_TRUE(out.stream_id().empty());
+  // The limit is the config's.
+  v1::ServerConfig small = Server();
+  small.set_max_stream_id_bytes(4);
+  EXPECT_EQ(DecodeBatch(WithRawStreamId(b, "abcd"), small, &out).result, DecodedBatch::kParsed);
+  const DecodedBatch e = DecodeBatch(WithRawStreamId(b, "abcde"), small, &out);
+  ASSERT_EQ(e.result, DecodedBatch::kRejected);
+  EXPECT_EQ(e.error.message, "stream_id: 5 bytes, at most server.max_stream_id_bytes = 4");
+}
+
+TEST(DecodeBatchTest, InvalidUtf8StreamIdIsRejectedBeforeProtobufSeesIt) {
+  v1::TransitionBatch b = NStep(2);
+  v1::TransitionBatch out;
+  ::testing::internal::CaptureStderr();
+  const DecodedBatch d = DecodeBatch(WithRawStreamId(b, "ab\xff\xfe"), Server(), &out);
+  const DecodedBatch e = DecodeBatch(WithRawStreamId(b, "a\xc3\xa9"), Server(), &out);  // valid UTF-8, not ASCII
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(d.result, DecodedBatch::kRejected);
+  EXPECT_EQ(d.error.field, "stream_id");
+  EXPECT_EQ(d.error.message, "stream_id[2]: byte 0xff is not one of [A-Za-z0-9._:@/-]");
+  ASSERT_EQ(e.result, DecodedBatch::kRejected);
+  EXPECT_EQ(e.error.message, "stream_id[1]: byte 0xc3 is not one of [A-Za-z0-9._:@/-]");
+  EXPECT_EQ(logged, "");
+}
+
+TEST(DecodeBatchTest, EveryStreamIdOccurrenceIsChecked) {
+  v1::TransitionBatch b = NStep(2);
+  b.set_stream_id("good");
+  // A later occurrence wins in protobuf; it is checked as well.
+  const DecodedBatch d = DecodeBatch(WithRawStreamId(b, "bad id"), Server(), &b);
+  ASSERT_EQ(d.result, DecodedBatch::kRejected);
+  EXPECT_EQ(d.error.message, "stream_id[3]: byte 0x20 is not one of [A-Za-z0-9._:@/-]");
+}
+
+TEST(DecodeBatchTest, MalformedBytesAreUnparsable) {
+  v1::TransitionBatch out;
+  const std::string wire = NStep(2).SerializeAsString();
+  const DecodedBatch truncated = DecodeBatch(absl::string_view(wire).substr(0, wire.size() - 3), Server(), &out);
+  EXPECT_EQ(truncated.result, DecodedBatch::kUnparsable);
+  EXPECT_EQ(truncated.error.field, "message");
+  EXPECT_FALSE(truncated.error.message.empty());
+  EXPECT_EQ(DecodeBatch(std::string("\x00\x01", 2), Server(), &out).result, DecodedBatch::kUnparsable);
+  EXPECT_EQ(DecodeBatch(std::string("\x6a\x05" "ab", 4), Server(), &out).result, DecodedBatch::kUnparsable);
+  // A stream_id field of the wrong wire type is an unknown field, not a string.
+  EXPECT_EQ(DecodeBatch(std::string("\x68\x05", 2), Server(), &out).result, DecodedBatch::kParsed);
+  EXPECT_EQ(DecodeBatch("", Server(), &out).result, DecodedBatch::kParsed);
+}
+
+TEST(DecodeBatchTest, ByteBufferOfManySlicesDecodesLikeTheFlatBytes) {
+  v1::TransitionBatch b = NStep(50);
+  b.set_sequence(3);
+  b.set_stream_id("actor-9");
+  const std::string wire = b.SerializeAsString();
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < wire.size(); at += 7) slices.emplace_back(wire.substr(at, 7));
+  grpc::ByteBuffer buffer(slices.data(), slices.size());
+  v1::TransitionBatch out;
+  EXPECT_EQ(DecodeBatch(&buffer, Server(), &out).result, DecodedBatch::kParsed);
+  EXPECT_EQ(out.SerializeAsString(), wire);
+  grpc::Slice bad_slice(WithRawStreamId(b, std::string(200, 'x')));
+  grpc::ByteBuffer bad(&bad_slice, 1);
+  const DecodedBatch d = DecodeBatch(&bad, Server(), &out);
+  EXPECT_EQ(d.result, DecodedBatch::kRejected);
+  EXPECT_EQ(out.sequence(), 3u);
+}
+
+TEST(FirstNonFiniteTest, FindsTheFirstBadValue) {
+  const float x[] = {0, 1, -2, kNaN, kInf};
+  EXPECT_EQ(FirstNonFinite(x, 3), -1);
+  EXPECT_EQ(FirstNonFinite(x, 5), 3);
+  EXPECT_EQ(FirstNonFinite(x + 4, 1), 0);
+  EXPECT_EQ(FirstNonFinite(x, 0), -1);
 }
 
 TEST(ValidateBatchTest, ErrorToProto) {
