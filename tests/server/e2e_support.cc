@@ -16,6 +16,7 @@
 #include <future>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -235,6 +236,20 @@ int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
   const std::string bytes(reinterpret_cast<const char*>(slice.begin()), slice.size());
   if (bytes.empty()) return 0;  // UNKNOWN, the default, is not on the wire
   return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
+}
+
+int64_t RssBytes(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::string_view rest = line;
+    if (!absl::ConsumePrefix(&rest, "VmRSS:")) continue;
+    rest = absl::StripAsciiWhitespace(rest);
+    int64_t kib;
+    if (!absl::ConsumeSuffix(&rest, " kB") || !absl::SimpleAtoi(rest, &kib)) return -1;
+    return kib * 1024;
+  }
+  return -1;
 }
 
 }  // namespace qstream::testing

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -66,5 +67,9 @@ int HealthStatus(const std::shared_ptr<grpc::Channel>& channel);
 
 // Metric family names that have a "# TYPE" line.
 std::vector<std::string> MetricTypes(const std::string& text);
+
+// Resident set size of process `pid` (VmRSS of /proc/<pid>/status), bytes;
+// -1 when unreadable.
+int64_t RssBytes(pid_t pid);
 
 }  // namespace qstream::testing
