@@ -1,11 +1,23 @@
 #include "server/metrics.h"
 
-#include <algorithm>
-#include <exception>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <system_error>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "openssl/crypto.h"
+#include "openssl/evp.h"
 #include "server/validate.h"
 
 namespace qstream {
@@ -30,7 +42,190 @@ prometheus::Counter& Counter(prometheus::Registry& r, const std::string& name, c
   return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
 }
 
+constexpr int kMaxMetricsThreads = 1024;
+constexpr size_t kMaxAuthFileBytes = 64 * 1024;
+constexpr char kAuthRealm[] = "qstream";
+
+MetricsDigest DigestOf(absl::string_view data) {
+  MetricsDigest out{};
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), out.data(), &len, EVP_sha256(), nullptr);
+  return out;
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  c = absl::ascii_tolower(static_cast<unsigned char>(c));
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+bool Printable(absl::string_view word) {
+  return std::all_of(word.begin(), word.end(), [](char c) { return c > ' ' && c <= '~'; });
+}
+
+// civetweb's options for `o` (validated). linger_timeout_ms stays unset:
+// civetweb then leaves SO_LINGER alone and close() never holds a worker on a
+// client that does not read its response.
+std::vector<std::string> CivetwebOptions(const MetricsOptions& o) {
+  // Name, value pairs.
+  // clang-format off
+  return {
+      "listening_ports", o.listen,
+      "num_threads", absl::StrCat(o.threads),
+      "request_timeout_ms", absl::StrCat(absl::ToInt64Milliseconds(o.request_timeout)),
+      // Scrapes come seconds apart; a kept-alive connection would only hold a worker idle.
+      "enable_keep_alive", "no",
+      "connection_queue", absl::StrCat(o.connection_queue),
+      "listen_backlog", absl::StrCat(o.listen_backlog),
+  };
+  // clang-format on
+}
+
+// Reads and parses `path`; the text is wiped after parsing.
+absl::StatusOr<MetricsCredentials> ReadAuthFile(const std::string& path) {
+  const std::string source = absl::StrCat("--metrics_auth_file=", path);
+  const auto failed = [&source](const char* what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": ", what, ": ", std::error_code(errno, std::generic_category()).message()));
+  };
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return failed("cannot open");
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const absl::Status error = failed("cannot stat");
+    close(fd);
+    return error;
+  }
+  if (!S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) > kMaxAuthFileBytes) {
+    close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": not a regular file of at most ", kMaxAuthFileBytes, " bytes"));
+  }
+  if ((st.st_mode & (S_IRGRP | S_IROTH)) != 0) {
+    std::fprintf(stderr, "warning: %s is readable by group or others (mode %03o); chmod 600 it\n",
+                 source.c_str(), static_cast<unsigned>(st.st_mode & 0777));
+  }
+  std::string text(kMaxAuthFileBytes + 1, '\0');
+  size_t size = 0;
+  for (;;) {
+    const ssize_t n = read(fd, text.data() + size, text.size() - size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const absl::Status error = failed("cannot read");
+      close(fd);
+      return error;
+    }
+    if (n == 0 || (size += static_cast<size_t>(n)) == text.size()) break;
+  }
+  close(fd);
+  absl::StatusOr<MetricsCredentials> parsed =
+      size > kMaxAuthFileBytes
+          ? absl::InvalidArgumentError(absl::StrCat(source, ": larger than ", kMaxAuthFileBytes, " bytes"))
+          : ParseMetricsAuthFile(absl::string_view(text.data(), size), source);
+  OPENSSL_cleanse(text.data(), text.size());
+  return parsed;
+}
+
 }  // namespace
+
+absl::Status ValidateMetricsOptions(const MetricsOptions& options) {
+  if (!options.listen.empty()) {
+    const size_t colon = options.listen.rfind(':');
+    int port = -1;
+    if (colon == std::string::npos || colon == 0 || options.listen.find(',') != std::string::npos ||
+        !absl::SimpleAtoi(options.listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+      // civetweb takes a bare port (every interface) or a list; neither is meant here.
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics_listen: '", options.listen, "' is not one host:port"));
+    }
+  }
+  if (options.threads < 1 || options.threads > kMaxMetricsThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_threads: ", options.threads, " is outside [1, ", kMaxMetricsThreads, "]"));
+  }
+  if (options.request_timeout < absl::Milliseconds(1) || options.request_timeout > absl::Hours(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_request_timeout: ", absl::FormatDuration(options.request_timeout),
+                     " is outside [1ms, 1h]"));
+  }
+  if (options.connection_queue < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics connection_queue: ", options.connection_queue, " < 1"));
+  }
+  if (options.listen_backlog < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics listen_backlog: ", options.listen_backlog, " < 1"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MetricsCredentials> ParseMetricsAuthFile(absl::string_view text, absl::string_view source) {
+  std::optional<MetricsCredentials> found;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    const auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat(source, " line ", line_number, ": ", why));
+    };
+    const std::vector<absl::string_view> words =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (words.size() != 2) {
+      return bad(
+          absl::StrCat("expected `user password` or `user sha256:<hex>`, got ", words.size(), " words"));
+    }
+    if (found) return bad("a second credential line (the file holds one user)");
+    const absl::string_view user = words[0];
+    absl::string_view password = words[1];
+    if (!Printable(user) || !Printable(password)) return bad("only printable ASCII is allowed");
+    if (absl::StrContains(user, ':')) return bad("the user may not contain ':'");
+    MetricsCredentials c;
+    c.user = DigestOf(user);
+    if (absl::ConsumePrefix(&password, "sha256:")) {
+      if (password.size() != 2 * c.password.size()) {
+        return bad(
+            absl::StrCat("sha256: needs ", 2 * c.password.size(), " hex digits, got ", password.size()));
+      }
+      for (size_t i = 0; i < c.password.size(); ++i) {
+        const int hi = HexValue(password[2 * i]), lo = HexValue(password[2 * i + 1]);
+        if (hi < 0 || lo < 0) return bad("sha256: needs hex digits");
+        c.password[i] = static_cast<uint8_t>(hi * 16 + lo);
+      }
+    } else {
+      c.password = DigestOf(password);
+    }
+    found = c;
+  }
+  if (!found) return absl::InvalidArgumentError(absl::StrCat(source, ": no `user password` line"));
+  return *found;
+}
+
+absl::StatusOr<std::unique_ptr<MetricsAuth>> MetricsAuth::Load(const std::string& path) {
+  std::unique_ptr<MetricsAuth> auth(new MetricsAuth(path));
+  if (absl::Status st = auth->Reload(); !st.ok()) return st;
+  return auth;
+}
+
+absl::Status MetricsAuth::Reload() {
+  absl::StatusOr<MetricsCredentials> read = ReadAuthFile(path_);
+  if (!read.ok()) return read.status();
+  absl::MutexLock lock(&mu_);
+  credentials_ = *read;
+  return absl::OkStatus();
+}
+
+bool MetricsAuth::Check(const std::string& user, const std::string& password) const {
+  const MetricsDigest user_digest = DigestOf(user);
+  const MetricsDigest password_digest = DigestOf(password);
+  absl::ReaderMutexLock lock(&mu_);
+  // Both compared, always: the time taken says nothing about which one differs.
+  const bool user_ok = CRYPTO_memcmp(user_digest.data(), credentials_.user.data(), user_digest.size()) == 0;
+  const bool password_ok =
+      CRYPTO_memcmp(password_digest.data(), credentials_.password.data(), password_digest.size()) == 0;
+  return user_ok && password_ok;
+}
 
 Metrics::Metrics(const MetricsOptions& options, Learner* learner, const IngestCounters* counters)
     : options_(options),
@@ -106,12 +301,27 @@ Metrics::Metrics(const MetricsOptions& options, Learner* learner, const IngestCo
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& options, Learner* learner,
                                                          const IngestCounters* counters) {
+  if (absl::Status st = ValidateMetricsOptions(options); !st.ok()) return st;
   std::unique_ptr<Metrics> m(new Metrics(options, learner, counters));
+  if (!options.auth_file.empty()) {
+    auto auth = MetricsAuth::Load(options.auth_file);
+    if (!auth.ok()) return auth.status();
+    m->auth_ = std::move(*auth);
+  }
   if (!options.listen.empty()) {
     try {
-      m->exposer_ = std::make_unique<prometheus::Exposer>(options.listen);
+      m->exposer_ = std::make_unique<prometheus::Exposer>(CivetwebOptions(options));
     } catch (const std::exception& e) {
       return absl::UnavailableError(absl::StrCat("--metrics_listen=", options.listen, ": ", e.what()));
+    }
+    // Auth before the registry: the daemon's metrics are never served
+    // unchecked (the Exposer's own scrape counters are, for the instant
+    // between its start and this call).
+    if (m->auth_) {
+      const MetricsAuth* auth = m->auth_.get();
+      m->exposer_->RegisterAuth(
+          [auth](const std::string& user, const std::string& pass) { return auth->Check(user, pass); },
+          kAuthRealm);
     }
     m->exposer_->RegisterCollectable(m->registry_);
     const auto ports = m->exposer_->GetListeningPorts();
@@ -177,6 +387,11 @@ void Metrics::Run() {
 int Metrics::Push() {
   if (!gateway_) return -1;
   return gateway_->Push();
+}
+
+absl::Status Metrics::ReloadAuth() {
+  if (!auth_) return absl::OkStatus();
+  return auth_->Reload();
 }
 
 double Metrics::recent_step_seconds() const {

@@ -3,8 +3,18 @@
 // and DrainStepTimes() on a fixed period, so the learner never synchronizes
 // with the device for metrics; an Exposer serves /metrics (pull) and an
 // optional Gateway pushes to a Pushgateway.
+//
+// The Exposer is civetweb, one worker thread per connection from accept until
+// its response is written. Its bounds (README "Metrics endpoint"): a request
+// must arrive, and its response leave, within request_timeout, or the
+// connection is closed; keep-alive is off; at most threads + connection_queue
+// connections are accepted at once and listen_backlog more wait in the
+// kernel. A client holding a half-sent request therefore costs one worker for
+// at most request_timeout, and scrapes go on while fewer than `threads` such
+// clients are connected.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -13,7 +23,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -31,6 +43,19 @@ namespace qstream {
 struct MetricsOptions {
   // host:port of the /metrics endpoint ("...:0" picks a free port); empty: none.
   std::string listen;
+  // civetweb worker threads (num_threads): connections served at once.
+  int threads = 16;
+  // Time a connection has to send its request headers, and each response
+  // write has, before it is closed (request_timeout_ms).
+  absl::Duration request_timeout = absl::Seconds(5);
+  // Accepted connections waiting for a worker (connection_queue); when full,
+  // civetweb stops accepting.
+  int connection_queue = 32;
+  // Completed TCP handshakes the kernel holds for accept (listen_backlog);
+  // beyond it new connections' SYNs are dropped.
+  int listen_backlog = 512;
+  // Basic-auth file for /metrics (MetricsAuth); empty: no auth.
+  std::string auth_file;
   // host:port of a Pushgateway; empty: no push.
   std::string pushgateway;
   absl::Duration push_interval = absl::Seconds(10);
@@ -44,10 +69,49 @@ struct MetricsOptions {
 // Step-time histogram buckets, seconds: 1-2-5 steps from 10 us to 1 s.
 std::vector<double> StepSecondsBuckets();
 
+// InvalidArgument naming the flag when a bound of `options` is out of range.
+absl::Status ValidateMetricsOptions(const MetricsOptions& options);
+
+using MetricsDigest = std::array<uint8_t, 32>;  // SHA-256
+
+// The one user of /metrics basic auth, as digests only.
+struct MetricsCredentials {
+  MetricsDigest user;
+  MetricsDigest password;
+};
+
+// Parses a --metrics_auth_file: one line `user password` or
+// `user sha256:<64 hex digits of SHA-256(password)>`; blank lines and lines
+// starting with '#' are skipped. The user has no ':' (basic auth splits
+// there); neither field has spaces. InvalidArgument naming `source` and the
+// line (never its text) otherwise.
+absl::StatusOr<MetricsCredentials> ParseMetricsAuthFile(absl::string_view text, absl::string_view source);
+
+// Basic-auth check of /metrics against a --metrics_auth_file. Check runs on
+// civetweb's worker threads and compares SHA-256 digests in constant time.
+// Reload re-reads the file and swaps the credentials atomically; on error the
+// previous ones stay in force. Nothing here listens for a signal: the
+// daemon's SIGHUP path is meant to call Metrics::ReloadAuth, which calls it.
+// A file readable by group or others is accepted with a warning on stderr.
+class MetricsAuth {
+ public:
+  static absl::StatusOr<std::unique_ptr<MetricsAuth>> Load(const std::string& path);
+
+  absl::Status Reload() ABSL_LOCKS_EXCLUDED(mu_);
+  bool Check(const std::string& user, const std::string& password) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  explicit MetricsAuth(std::string path) : path_(std::move(path)) {}
+
+  const std::string path_;
+  mutable absl::Mutex mu_;
+  MetricsCredentials credentials_ ABSL_GUARDED_BY(mu_){};
+};
+
 class Metrics {
  public:
-  // Binds the exposer (when options.listen is set). `learner` and `counters`
-  // must outlive the object.
+  // Validates the options, reads options.auth_file, binds the exposer (when
+  // options.listen is set). `learner` and `counters` must outlive the object.
   static absl::StatusOr<std::unique_ptr<Metrics>> Create(const MetricsOptions& options, Learner* learner,
                                                          const IngestCounters* counters);
   ~Metrics();  // Stop()s
@@ -62,6 +126,9 @@ class Metrics {
   void Poll() ABSL_LOCKS_EXCLUDED(mu_);
   // Pushes the registry to the Pushgateway; returns the HTTP status (or -1).
   int Push();
+  // Re-reads options.auth_file (OK and nothing to do without one); a bad
+  // file keeps the previous credentials. Meant for the daemon's SIGHUP path.
+  absl::Status ReloadAuth();
 
   int port() const { return port_; }
   // Mean step time of the last poll window with steps, seconds (0 before any).
@@ -76,6 +143,7 @@ class Metrics {
   Learner* const learner_;
   const IngestCounters* const counters_;
   std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<MetricsAuth> auth_;  // declared before exposer_: outlives its workers
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<prometheus::Gateway> gateway_;
   std::string gateway_host_, gateway_port_;

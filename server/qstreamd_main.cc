@@ -22,6 +22,14 @@ ABSL_FLAG(std::string, config, "", "Text-format TrainerConfig file; empty: built
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address host:port (port 0: any free port)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus /metrics address host:port (port 0: any free port); empty disables");
+ABSL_FLAG(std::string, metrics_auth_file, "",
+          "File of one `user password` or `user sha256:<hex>` line: /metrics then needs that basic auth. "
+          "Empty: no auth");
+ABSL_FLAG(int, metrics_threads, qstream::MetricsOptions().threads,
+          "/metrics worker threads: connections served at once (a slow client holds one)");
+ABSL_FLAG(absl::Duration, metrics_request_timeout, qstream::MetricsOptions().request_timeout,
+          "A /metrics connection that has not sent its request, or taken its response, in this time "
+          "is closed");
 ABSL_FLAG(std::string, backend, "auto", "auto|cpu|cuda");
 ABSL_FLAG(std::string, pushgateway, "", "Pushgateway host:port; empty disables pushing");
 ABSL_FLAG(absl::Duration, push_interval, absl::Seconds(10), "Pushgateway push period");
@@ -179,6 +187,9 @@ int Main(int argc, char** argv) {
   options.security.reflection = absl::GetFlag(FLAGS_reflection);
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
   options.metrics.listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.metrics.auth_file = absl::GetFlag(FLAGS_metrics_auth_file);
+  options.metrics.threads = absl::GetFlag(FLAGS_metrics_threads);
+  options.metrics.request_timeout = absl::GetFlag(FLAGS_metrics_request_timeout);
   options.metrics.pushgateway = absl::GetFlag(FLAGS_pushgateway);
   options.metrics.push_interval = absl::GetFlag(FLAGS_push_interval);
   options.metrics.instance = absl::GetFlag(FLAGS_instance);
