@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <limits>
 #include <fstream>
@@ -236,6 +238,98 @@ int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
   const std::string bytes(reinterpret_cast<const char*>(slice.begin()), slice.size());
   if (bytes.empty()) return 0;  // UNKNOWN, the default, is not on the wire
   return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
+}
+
+int ConnectLoopback(int port) {
+  const int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(s);
+    return -1;
+  }
+  return s;
+}
+
+namespace {
+
+// Reads what is queued on `fd` into `out` (when not null); true once the peer
+// has closed (EOF or reset).
+bool DrainUntilClosed(int fd, std::string* out) {
+  char buf[8192];
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n > 0) {
+      if (out != nullptr) out->append(buf, n);
+      continue;
+    }
+    if (n == 0) return true;
+    if (errno == EINTR) continue;
+    return errno != EAGAIN && errno != EWOULDBLOCK;  // ECONNRESET and the like: closed
+  }
+}
+
+}  // namespace
+
+int AwaitPeerClose(const std::vector<int>& fds, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<pollfd> waiting;
+  for (int fd : fds) waiting.push_back({fd, POLLIN, 0});
+  int closed = 0;
+  do {  // at least one poll, so a zero timeout still counts what is closed now
+    const int64_t left_ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (poll(waiting.data(), waiting.size(), static_cast<int>(std::min<int64_t>(left_ms, 1000))) < 0 &&
+        errno != EINTR) {
+      break;
+    }
+    for (size_t i = 0; i < waiting.size();) {
+      if (waiting[i].revents != 0 && DrainUntilClosed(waiting[i].fd, nullptr)) {
+        ++closed;
+        waiting[i] = waiting.back();
+        waiting.pop_back();
+      } else {
+        waiting[i].revents = 0;
+        ++i;
+      }
+    }
+  } while (!waiting.empty() && absl::Now() < deadline);
+  return closed;
+}
+
+std::optional<HttpResponse> HttpExchange(int port, const std::string& request, absl::Duration timeout) {
+  const int s = ConnectLoopback(port);
+  if (s < 0) return std::nullopt;
+  const absl::Time deadline = absl::Now() + timeout;
+  bool closed = false;
+  std::string raw;
+  if (send(s, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
+    while (!closed) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) break;
+      pollfd p{s, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left) + 1)) < 0 && errno != EINTR) break;
+      closed = DrainUntilClosed(s, &raw);
+    }
+  }
+  close(s);
+  const size_t end = raw.find("\r\n\r\n");
+  HttpResponse r;
+  if (!closed || end == std::string::npos || raw.rfind("HTTP/1.", 0) != 0 || raw.size() < 12 ||
+      !absl::SimpleAtoi(absl::string_view(raw).substr(9, 3), &r.status)) {
+    return std::nullopt;
+  }
+  r.headers = raw.substr(0, end);
+  r.body = raw.substr(end + 4);
+  return r;
+}
+
+std::string HttpGetRequest(const std::string& path, const std::string& authorization) {
+  std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n");
+  if (!authorization.empty()) absl::StrAppend(&request, "Authorization: ", authorization, "\r\n");
+  return request + "\r\n";
 }
 
 int64_t RssBytes(pid_t pid) {

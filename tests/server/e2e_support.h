@@ -68,6 +68,27 @@ int HealthStatus(const std::shared_ptr<grpc::Channel>& channel);
 // Metric family names that have a "# TYPE" line.
 std::vector<std::string> MetricTypes(const std::string& text);
 
+// One HTTP response as read off the socket.
+struct HttpResponse {
+  int status = 0;       // from the status line
+  std::string headers;  // status line and header lines, CRLF-separated
+  std::string body;
+};
+// Sends `request` (raw bytes) to 127.0.0.1:port and reads until the server
+// closes; nullopt when connecting fails, the response has no status line,
+// or the server has not closed by `timeout`.
+std::optional<HttpResponse> HttpExchange(int port, const std::string& request, absl::Duration timeout);
+// A GET of `path` over HTTP/1.0, with `authorization` as the Authorization
+// header when not empty.
+std::string HttpGetRequest(const std::string& path, const std::string& authorization = "");
+
+// A blocking TCP socket connected to 127.0.0.1:port, -1 on failure.
+int ConnectLoopback(int port);
+// Waits until the peer has closed each socket of `fds` (EOF or reset; bytes
+// it sent first are discarded) and returns how many it closed by `timeout`.
+// The sockets stay open on this side.
+int AwaitPeerClose(const std::vector<int>& fds, absl::Duration timeout);
+
 // Resident set size of process `pid` (VmRSS of /proc/<pid>/status), bytes;
 // -1 when unreadable.
 int64_t RssBytes(pid_t pid);
