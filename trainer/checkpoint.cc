@@ -257,7 +257,8 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Errno("open", name);
   std::string out;
-  if (absl::Status st = ReadChunks(fd, name, 1 << 16, [&](const char* p, size_t n) { out.append(p, n); }); !st.ok()) {
+  if (absl::Status st = ReadChunks(fd, name, 1 << 16, [&](const char* p, size_t n) { out.append(p, n); });
+      !st.ok()) {
     return st;
   }
   return out;
@@ -293,7 +294,8 @@ class CheckpointFiles {
   virtual absl::StatusOr<std::string> ReadSmall(absl::string_view name) const = 0;
   // Size and CRC32C; DataLoss when missing.
   virtual absl::StatusOr<FileSum> Checksum(absl::string_view name) const = 0;
-  virtual absl::StatusOr<std::unique_ptr<SafetensorsReader>> OpenSafetensors(absl::string_view name) const = 0;
+  virtual absl::StatusOr<std::unique_ptr<SafetensorsReader>> OpenSafetensors(
+      absl::string_view name) const = 0;
 };
 
 class DirectoryFiles : public CheckpointFiles {
@@ -385,8 +387,8 @@ absl::Status ReadWeights(const CheckpointFiles& files, const WeightBuffer& w, co
   for (const NamedLayer& l : layers) {
     names.push_back(l.name + ".weight");
     names.push_back(l.name + ".bias");
-    if (absl::Status s = reader.CheckTensor(names[names.size() - 2], SafetensorsDtype::kF32,
-                                            {l.view.out, l.view.in});
+    if (absl::Status s =
+            reader.CheckTensor(names[names.size() - 2], SafetensorsDtype::kF32, {l.view.out, l.view.in});
         !s.ok())
       return s;
     if (absl::Status s = reader.CheckTensor(names.back(), SafetensorsDtype::kF32, {l.view.out}); !s.ok())
@@ -430,10 +432,10 @@ absl::Status ReadReplay(const CheckpointFiles& files, const NetworkSpec& spec, R
   c.rewards.resize(n);
   c.discounts.resize(n);
   r->priorities.resize(n);
-  for (absl::Status s : {reader.ReadF32("obs", obs, c.obs), reader.ReadF32("next_obs", obs, c.next_obs),
-                         reader.ReadI32("actions", actions, c.actions), reader.ReadF32("rewards", rows, c.rewards),
-                         reader.ReadF32("discounts", rows, c.discounts),
-                         reader.ReadF32("priorities", rows, r->priorities)}) {
+  for (absl::Status s :
+       {reader.ReadF32("obs", obs, c.obs), reader.ReadF32("next_obs", obs, c.next_obs),
+        reader.ReadI32("actions", actions, c.actions), reader.ReadF32("rewards", rows, c.rewards),
+        reader.ReadF32("discounts", rows, c.discounts), reader.ReadF32("priorities", rows, r->priorities)}) {
     if (!s.ok()) return s;
   }
   if (absl::Status s = CheckReplayState(*r, spec); !s.ok()) return Prefixed(kReplayFile, s);

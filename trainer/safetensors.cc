@@ -198,7 +198,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view json,
   Json root;
   try {
     root = Json::parse(json.begin(), json.end());
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, and out_of_range for a number beyond double
     return fail(absl::StrCat("header is not valid JSON (", e.what(), ")"));
   }
   if (!root.is_object()) return fail("header is not a JSON object");
@@ -225,7 +225,11 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view json,
     const auto dtype = value.find("dtype");
     if (dtype == value.end() || !dtype->is_string()) return bad("missing dtype");
     const std::optional<SafetensorsDtype> parsed = ParseDtype(dtype->get<std::string>());
-    if (!parsed) return bad(absl::StrCat("unsupported dtype ", dtype->dump(), " (expected F32 or I32)"));
+    if (!parsed) {
+      return bad(absl::StrCat("unsupported dtype ",
+                              dtype->dump(-1, ' ', false, Json::error_handler_t::replace),
+                              " (expected F32 or I32)"));
+    }
     info.dtype = *parsed;
 
     const auto shape = value.find("shape");
@@ -233,7 +237,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view json,
     for (const Json& d : *shape) {
       if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{std::numeric_limits<int64_t>::max()}) {
         // Not shape->dump(): it recurses, and a nested array is as deep as the header is long.
-        return bad(absl::StrCat("invalid shape: dimension ", info.shape.size(), " is not an integer in [0, 2^63)"));
+        return bad(
+            absl::StrCat("invalid shape: dimension ", info.shape.size(), " is not an integer in [0, 2^63)"));
       }
       info.shape.push_back(d.get<int64_t>());
     }
@@ -360,8 +365,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const
 absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::FromBytes(absl::string_view bytes,
                                                                                 std::string name) {
   const uint64_t size = bytes.size();
-  absl::StatusOr<uint64_t> n =
-      HeaderLength(reinterpret_cast<const unsigned char*>(bytes.data()), size, name);
+  absl::StatusOr<uint64_t> n = HeaderLength(reinterpret_cast<const unsigned char*>(bytes.data()), size, name);
   if (!n.ok()) return n.status();
   absl::StatusOr<SafetensorsHeader> header =
       ParseSafetensorsHeader(bytes.substr(8, static_cast<size_t>(*n)), size - 8 - *n, name);

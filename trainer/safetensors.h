@@ -131,7 +131,7 @@ class SafetensorsReader {
                                                      const std::vector<int64_t>& shape) const;
   absl::Status ReadData(const SafetensorsTensorInfo& info, void* out, uint64_t out_bytes) const;
 
-  int fd_;                  // the open file, or -1 when reading `bytes_`
+  int fd_;                   // the open file, or -1 when reading `bytes_`
   absl::string_view bytes_;  // the whole file when fd_ < 0
   std::string name_;
   SafetensorsHeader header_;

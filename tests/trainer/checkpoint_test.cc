@@ -290,7 +290,8 @@ TEST(CheckpointTest, TensorsAreCheckedAgainstTheManifestNetwork) {
 // The bytes of every file of a checkpoint directory, by name.
 std::map<std::string, std::string> DirBytes(const std::string& dir) {
   std::map<std::string, std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = ReadAll(e.path().string());
+  for (const auto& e : fs::directory_iterator(dir))
+    out[e.path().filename().string()] = ReadAll(e.path().string());
   return out;
 }
 
@@ -306,9 +307,11 @@ TEST(CheckpointTest, DecodeFromMemoryReadsWhatTheDirectoryReads) {
     ExpectSameState(decoded->state, data.state);
     // The same checks: a flipped byte, a missing file.
     files["target.safetensors"][3] ^= 0x01;
-    EXPECT_THAT(DecodeCheckpoint(files).status().message(), HasSubstr("target.safetensors: checksum mismatch"));
+    EXPECT_THAT(DecodeCheckpoint(files).status().message(),
+                HasSubstr("target.safetensors: checksum mismatch"));
     files.erase("target.safetensors");
-    EXPECT_EQ(DecodeCheckpoint(files).status().message(), "target.safetensors: missing (listed in the manifest)");
+    EXPECT_EQ(DecodeCheckpoint(files).status().message(),
+              "target.safetensors: missing (listed in the manifest)");
     files.erase("manifest.pbtxt");
     EXPECT_EQ(DecodeCheckpoint(files).status().message(), "manifest.pbtxt: missing");
   }

@@ -155,6 +155,8 @@ TEST(SafetensorsTest, CorruptFilesAreRejectedNamingTheProblem) {
        "header length 1000 exceeds the file"},
       {"bad json", RawFile(R"({"w":{"dtype":"F32",)", 0), "not valid JSON"},
       {"not an object", RawFile("[1,2]", 0), "not a JSON object"},
+      {"number beyond double", RawFile(R"({"w":{"dtype":"F32","shape":[1e948],"data_offsets":[0,4]}})", 4),
+       "not valid JSON"},
       {"offsets beyond buffer", RawFile(R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}})", 20),
        "tensor w: data_offsets [0,24] beyond the 20-byte data buffer"},
       {"shape vs offsets", RawFile(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,24]}})", 24),
@@ -240,7 +242,8 @@ TEST(SafetensorsTest, FromBytesReadsWhatOpenReads) {
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_EQ(got, t.bytes) << t.name;
   }
-  EXPECT_EQ((*reader)->CheckTensor("nope", SafetensorsDtype::kF32, {}).message(), "m: tensor nope is missing");
+  EXPECT_EQ((*reader)->CheckTensor("nope", SafetensorsDtype::kF32, {}).message(),
+            "m: tensor nope is missing");
 }
 
 TEST(SafetensorsTest, ReadChecksNameDtypeAndShape) {
