@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo clean asan tsa
+.PHONY: all deps configure build test demo clean asan tsa fuzz
 
 all: build
 
@@ -38,3 +38,13 @@ tsa: deps
 	CXX=clang++ CC=clang cmake -S . -B build-tsa -G Ninja -DQSTREAM_CUDA=OFF -DQSTREAM_WERROR=ON \
 	  -DCMAKE_CXX_FLAGS="-Wthread-safety"
 	cmake --build build-tsa -j $(JOBS)
+
+# libFuzzer targets (fuzz/): clang build with ASan + UBSan, then each target
+# for FUZZ_SECONDS on a copy of its seed corpus; fails on any finding.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := transition_batch config checkpoint
+fuzz: deps
+	CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DQSTREAM_FUZZ=ON -DQSTREAM_CUDA=OFF \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS)
+	cmake --build build-fuzz -j $(JOBS) --target $(FUZZ_TARGETS:%=%_fuzzer)
+	./fuzz/run.sh build-fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
