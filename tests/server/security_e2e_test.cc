@@ -69,8 +69,7 @@ std::string TempDir() {
 // Fresh CA, server and client certificates in a new directory.
 std::string MakeCerts() {
   const std::string dir = TempDir() + "/certs";
-  const char* src = std::getenv("QSTREAM_SOURCE_DIR");
-  const std::string script = std::string(src ? src : ".") + "/tests/tls/make_test_certs.sh";
+  const std::string script = std::string(QSTREAM_TEST_SOURCE_DIR) + "/tests/tls/make_test_certs.sh";
   const std::string cmd = absl::StrCat("'", script, "' '", dir, "'");
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   return dir;
