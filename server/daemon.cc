@@ -161,8 +161,11 @@ void Daemon::SetServing(bool serving) {
 }
 
 absl::Status Daemon::Reload() {
-  if (authorizer_ == nullptr) return absl::OkStatus();
-  return authorizer_->Reload();
+  absl::Status tokens = authorizer_ ? authorizer_->Reload() : absl::OkStatus();
+  absl::Status metrics_auth = metrics_->ReloadAuth();
+  if (tokens.ok()) return metrics_auth;
+  if (!metrics_auth.ok()) return absl::Status(tokens.code(), absl::StrCat(tokens.message(), "; ", metrics_auth.message()));
+  return tokens;
 }
 
 void Daemon::Shutdown(absl::Duration deadline) {

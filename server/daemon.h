@@ -65,7 +65,8 @@ class Daemon {
   std::string metrics_address() const;
   // The one start-up log line: version, backend, device, config, ports.
   std::string StartupLine() const;
-  // SIGHUP: re-reads the token file (the previous tokens stay on error).
+  // SIGHUP: re-reads the token file and the /metrics auth file (the previous
+  // ones stay on error).
   // Certificates are re-read by gRPC's file watcher on its own period.
   absl::Status Reload();
   // Null without --auth_tokens.

@@ -1,7 +1,7 @@
 // qstreamd: trains a C51 DQN from experience streamed by actors over gRPC.
-// SIGHUP re-reads the token file. Exit codes: 0 after a clean shutdown on
-// SIGINT/SIGTERM, 1 when a port or the backend cannot be set up, 2 for bad
-// flags, config or security options.
+// SIGHUP re-reads the token and metrics auth files. Exit codes: 0 after a
+// clean shutdown on SIGINT/SIGTERM, 1 when a port or the backend cannot be
+// set up, 2 for bad flags, config or security options.
 #include <signal.h>
 
 #include <cstdio>
@@ -209,8 +209,9 @@ int Main(int argc, char** argv) {
     if (signal_number != SIGHUP) break;
     // Secrets are re-read; a bad file keeps the previous ones in force.
     const absl::Status st = (*daemon)->Reload();
-    std::printf("qstreamd: SIGHUP: %s\n", st.ok() ? "token file re-read (TLS files are re-read by gRPC's watcher)"
-                                                   : std::string(st.message()).c_str());
+    std::printf("qstreamd: SIGHUP: %s\n",
+                st.ok() ? "token and metrics auth files re-read (TLS files are re-read by gRPC's watcher)"
+                        : std::string(st.message()).c_str());
     std::fflush(stdout);
   }
   std::printf("qstreamd: %s, draining streams\n", signal_number == SIGINT ? "SIGINT" : "SIGTERM");

@@ -387,20 +387,34 @@ TEST(SecurityE2E, MutualTlsRefusesMissingAndWrongClientCertificates) {
             Code::UNAVAILABLE);
 }
 
+int ScrapeStatus(const testing::Daemon& d, const std::string& user_password) {
+  auto r = testing::HttpExchange(
+      d.metrics_port, testing::HttpGetRequest("/metrics", "Basic " + absl::Base64Escape(user_password)),
+      absl::Seconds(10));
+  return r ? r->status : -1;
+}
+
 TEST(SecurityE2E, SighupReloadsTokensAndKeepsThemOnABadFile) {
   const std::string path = TokenFile();
-  auto d = StartOrDie({"--auth_tokens=" + path});
+  const std::string metrics_auth = WriteTempFile("metrics-auth.txt", "prometheus first-password\n");
+  auto d = StartOrDie({"--auth_tokens=" + path, "--metrics_auth_file=" + metrics_auth});
   auto ch = Plain(d);
   ASSERT_TRUE(SendBatch(ch, kActorToken).ok());
+  EXPECT_EQ(ScrapeStatus(d, "prometheus:first-password"), 200);
+  {
+    std::ofstream(metrics_auth, std::ios::trunc) << "prometheus second-password\n";
+  }
 
   const std::string rotated = "actor rotated-actor-token-0123456789\nadmin " + std::string(kAdminToken) + "\n";
   {
     std::ofstream(path, std::ios::trunc) << rotated;
   }
   d.process->Signal(SIGHUP);
-  ASSERT_TRUE(d.process->WaitForLine("SIGHUP: token file re-read", absl::Seconds(10))) << d.process->output();
+  ASSERT_TRUE(d.process->WaitForLine("SIGHUP: token and metrics auth files re-read", absl::Seconds(10))) << d.process->output();
   EXPECT_EQ(SendBatch(ch, kActorToken).error_code(), Code::UNAUTHENTICATED);
   EXPECT_TRUE(SendBatch(ch, "rotated-actor-token-0123456789").ok());
+  EXPECT_EQ(ScrapeStatus(d, "prometheus:first-password"), 401);
+  EXPECT_EQ(ScrapeStatus(d, "prometheus:second-password"), 200);
 
   {
     std::ofstream(path, std::ios::trunc) << "actor short\n";
