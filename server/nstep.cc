@@ -74,18 +74,20 @@ std::optional<BatchError> NStepAssembler::Add(const v1::TransitionBatch& batch, 
   const int64_t count = batch.count();
   const bool has_env_ids = batch.env_ids_size() > 0;
   const bool has_truncated = batch.truncated_size() > 0;
-  if (has_env_ids) {
+  {
     // Admission first, so a rejected batch leaves every window untouched.
+    // Without env_ids every row is env 0, which counts like any other.
     int64_t envs = static_cast<int64_t>(committed.size());
     for (const auto& [id, w] : *delta) envs += committed.count(id) ? 0 : 1;
     std::unordered_set<uint32_t> fresh;
-    for (int64_t i = 0; i < count; ++i) {
-      const uint32_t id = batch.env_ids(i);
+    for (int64_t i = 0; i < (has_env_ids ? count : 1); ++i) {
+      const uint32_t id = has_env_ids ? batch.env_ids(i) : 0;
       if (committed.count(id) || delta->count(id) || !fresh.insert(id).second) continue;
       if (++envs > max_envs_) {
         return BatchError{v1::Error::TOO_LARGE, "env_ids",
-                          absl::StrCat("env_ids[", i, "]: ", id, " opens more than server.max_envs_per_stream = ",
-                                       max_envs_, " environments on this stream")};
+                          absl::StrCat(has_env_ids ? absl::StrCat("env_ids[", i, "]: ", id) : "env 0 (no env_ids)",
+                                       " opens more than server.max_envs_per_stream = ", max_envs_,
+                                       " environments on this stream")};
       }
     }
   }

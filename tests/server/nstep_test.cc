@@ -198,6 +198,29 @@ TEST(NStepAssemblerTest, TooManyEnvironmentsRejectsTheWholeBatch) {
   EXPECT_EQ(a.num_envs(), 2);
 }
 
+// A batch without env_ids is env 0, counted against the limit like any other
+// (found by the transition_batch fuzzer: it used to open one window too many).
+TEST(NStepAssemblerTest, ABatchWithoutEnvIdsCountsAsEnvZero) {
+  Assembler a(Spec(), 3, 0.5f, /*max_envs=*/2);
+  TransitionColumns out = EmptyColumns(Spec());
+  ASSERT_FALSE(a.Add(Batch({{1, 0, 1}, {2, 0, 1}}), &out).has_value());
+  v1::TransitionBatch no_ids = Batch({{7, 0, 1}});
+  no_ids.clear_env_ids();
+  const auto error = a.Add(no_ids, &out);
+  ASSERT_TRUE(error.has_value());
+  EXPECT_EQ(error->field, "env_ids");
+  EXPECT_EQ(error->message,
+            "env 0 (no env_ids) opens more than server.max_envs_per_stream = 2 environments on this stream");
+  EXPECT_EQ(a.num_envs(), 2);
+  // With room, env 0 is one window, however many rows.
+  Assembler b(Spec(), 3, 0.5f, /*max_envs=*/1);
+  v1::TransitionBatch rows = Batch({{7, 0, 1}, {7, 1, 1}, {7, 2, 1}});
+  rows.clear_env_ids();
+  ASSERT_FALSE(b.Add(rows, &out).has_value());
+  EXPECT_EQ(b.num_envs(), 1);
+  ASSERT_FALSE(b.Add(rows, &out).has_value());
+}
+
 TEST(NStepAssemblerTest, EnvironmentsThatEndTheirEpisodeFreeTheirSlot) {
   Assembler a(Spec(), 3, 0.5f, /*max_envs=*/2);
   TransitionColumns out = EmptyColumns(Spec());
