@@ -58,15 +58,7 @@ class CheckpointRoot {
 };
 
 testing::Daemon Start(const std::string& config, const std::vector<std::string>& extra) {
-  std::vector<std::string> flags = {"--backend=cpu", "--config=" + testing::WriteTempFile("durable.txt", config)};
-  flags.insert(flags.end(), extra.begin(), extra.end());
-  std::string error;
-  auto d = testing::StartDaemon(flags, &error);
-  if (!d) {
-    ADD_FAILURE() << error;
-    std::abort();
-  }
-  return std::move(*d);
+  return testing::StartCpuDaemonOrDie(config, extra);
 }
 
 std::shared_ptr<grpc::Channel> Channel(const testing::Daemon& d) {

@@ -21,6 +21,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -163,6 +164,18 @@ std::optional<Daemon> StartDaemon(const std::vector<std::string>& extra_flags, s
   d.grpc_address = m[1];
   d.metrics_port = std::stoi(m[2]);
   return d;
+}
+
+Daemon StartCpuDaemonOrDie(const std::string& config_text, const std::vector<std::string>& extra_flags) {
+  std::vector<std::string> flags = {"--backend=cpu", "--config=" + WriteTempFile("config.txt", config_text)};
+  flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
+  std::string error;
+  auto d = StartDaemon(flags, &error);
+  if (!d) {
+    ADD_FAILURE() << error;
+    std::abort();
+  }
+  return std::move(*d);
 }
 
 std::string HttpGet(int port, const std::string& path) {

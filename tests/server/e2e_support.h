@@ -50,6 +50,9 @@ struct Daemon {
   int metrics_port = 0;
 };
 std::optional<Daemon> StartDaemon(const std::vector<std::string>& extra_flags, std::string* error);
+// StartDaemon with --backend=cpu, --config=<config_text in a temp file> and
+// `extra_flags`; the test fails and aborts when the daemon does not start.
+Daemon StartCpuDaemonOrDie(const std::string& config_text, const std::vector<std::string>& extra_flags = {});
 
 std::string BuildDir();
 // Writes `text` to a fresh file under the test's temp dir and returns its path.

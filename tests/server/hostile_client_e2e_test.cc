@@ -55,16 +55,7 @@ checkpoint { every_seconds: 0 }
 )");
 }
 
-testing::Daemon StartOrDie(const std::string& config) {
-  std::string error;
-  auto d = testing::StartDaemon(
-      {"--backend=cpu", "--config=" + testing::WriteTempFile("hostile.txt", config)}, &error);
-  if (!d) {
-    ADD_FAILURE() << error;
-    std::abort();
-  }
-  return std::move(*d);
-}
+testing::Daemon StartOrDie(const std::string& config) { return testing::StartCpuDaemonOrDie(config); }
 
 // Its own connection (a local subchannel pool), so that one client's large
 // messages never queue in front of another's on one TCP connection.

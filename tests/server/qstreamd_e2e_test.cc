@@ -51,17 +51,7 @@ server { publish_every: 5 stats_every: 1 max_batch_transitions: 1024 max_message
 }
 
 testing::Daemon StartOrDie(const std::vector<std::string>& extra = {}, int max_streams = 16) {
-  std::vector<std::string> flags = {
-      "--backend=cpu",
-      "--config=" + testing::WriteTempFile("config.txt", ConfigText(max_streams))};
-  flags.insert(flags.end(), extra.begin(), extra.end());
-  std::string error;
-  auto d = testing::StartDaemon(flags, &error);
-  if (!d) {
-    ADD_FAILURE() << error;
-    std::abort();
-  }
-  return std::move(*d);
+  return testing::StartCpuDaemonOrDie(ConfigText(max_streams), extra);
 }
 
 std::shared_ptr<grpc::Channel> Channel(const testing::Daemon& d) {

@@ -86,15 +86,7 @@ std::string TokenFile(const std::string& extra = "") {
 }
 
 testing::Daemon StartOrDie(const std::vector<std::string>& extra) {
-  std::vector<std::string> flags = {"--backend=cpu", "--config=" + WriteTempFile("config.txt", kConfig)};
-  flags.insert(flags.end(), extra.begin(), extra.end());
-  std::string error;
-  auto d = testing::StartDaemon(flags, &error);
-  if (!d) {
-    ADD_FAILURE() << error;
-    std::abort();
-  }
-  return std::move(*d);
+  return testing::StartCpuDaemonOrDie(kConfig, extra);
 }
 
 std::shared_ptr<grpc::Channel> Plain(const testing::Daemon& d) {
