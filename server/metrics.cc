@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "openssl/crypto.h"
-#include "openssl/evp.h"
+#include "server/security.h"
 #include "server/validate.h"
 
 namespace qstream {
@@ -46,23 +46,6 @@ constexpr int kMaxMetricsThreads = 1024;
 constexpr size_t kMaxAuthFileBytes = 64 * 1024;
 constexpr char kAuthRealm[] = "qstream";
 
-MetricsDigest DigestOf(absl::string_view data) {
-  MetricsDigest out{};
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), out.data(), &len, EVP_sha256(), nullptr);
-  return out;
-}
-
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  c = absl::ascii_tolower(static_cast<unsigned char>(c));
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  return -1;
-}
-
-bool Printable(absl::string_view word) {
-  return std::all_of(word.begin(), word.end(), [](char c) { return c > ' ' && c <= '~'; });
-}
 
 // civetweb's options for `o` (validated). linger_timeout_ms stays unset:
 // civetweb then leaves SO_LINGER alone and close() never holds a worker on a
@@ -178,24 +161,14 @@ absl::StatusOr<MetricsCredentials> ParseMetricsAuthFile(absl::string_view text, 
     }
     if (found) return bad("a second credential line (the file holds one user)");
     const absl::string_view user = words[0];
-    absl::string_view password = words[1];
-    if (!Printable(user) || !Printable(password)) return bad("only printable ASCII is allowed");
+    const absl::string_view password = words[1];
+    if (!SecretChars(user) || !SecretChars(password)) return bad("only printable ASCII is allowed");
     if (absl::StrContains(user, ':')) return bad("the user may not contain ':'");
     MetricsCredentials c;
-    c.user = DigestOf(user);
-    if (absl::ConsumePrefix(&password, "sha256:")) {
-      if (password.size() != 2 * c.password.size()) {
-        return bad(
-            absl::StrCat("sha256: needs ", 2 * c.password.size(), " hex digits, got ", password.size()));
-      }
-      for (size_t i = 0; i < c.password.size(); ++i) {
-        const int hi = HexValue(password[2 * i]), lo = HexValue(password[2 * i + 1]);
-        if (hi < 0 || lo < 0) return bad("sha256: needs hex digits");
-        c.password[i] = static_cast<uint8_t>(hi * 16 + lo);
-      }
-    } else {
-      c.password = DigestOf(password);
-    }
+    c.user = Sha256(user);
+    auto digest = SecretDigest(password);
+    if (!digest.ok()) return bad(digest.status().message());
+    c.password = *digest;
     found = c;
   }
   if (!found) return absl::InvalidArgumentError(absl::StrCat(source, ": no `user password` line"));
@@ -217,8 +190,8 @@ absl::Status MetricsAuth::Reload() {
 }
 
 bool MetricsAuth::Check(const std::string& user, const std::string& password) const {
-  const MetricsDigest user_digest = DigestOf(user);
-  const MetricsDigest password_digest = DigestOf(password);
+  const MetricsDigest user_digest = Sha256(user);
+  const MetricsDigest password_digest = Sha256(password);
   absl::ReaderMutexLock lock(&mu_);
   // Both compared, always: the time taken says nothing about which one differs.
   const bool user_ok = CRYPTO_memcmp(user_digest.data(), credentials_.user.data(), user_digest.size()) == 0;

@@ -72,7 +72,7 @@ std::vector<double> StepSecondsBuckets();
 // InvalidArgument naming the flag when a bound of `options` is out of range.
 absl::Status ValidateMetricsOptions(const MetricsOptions& options);
 
-using MetricsDigest = std::array<uint8_t, 32>;  // SHA-256
+using MetricsDigest = std::array<uint8_t, 32>;  // SHA-256 (Sha256Digest of server/security.h)
 
 // The one user of /metrics basic auth, as digests only.
 struct MetricsCredentials {

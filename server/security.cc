@@ -51,17 +51,27 @@ Sha256Digest Sha256(absl::string_view data) {
   return out;
 }
 
+absl::StatusOr<Sha256Digest> SecretDigest(absl::string_view secret) {
+  if (!absl::ConsumePrefix(&secret, "sha256:")) return Sha256(secret);
+  if (secret.size() != 64 ||
+      !std::all_of(secret.begin(), secret.end(), [](char c) { return absl::ascii_isxdigit(c); })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sha256: needs 64 hex digits, got ", secret.size(), " characters"));
+  }
+  const std::string bytes = absl::HexStringToBytes(secret);
+  Sha256Digest d{};
+  std::copy(bytes.begin(), bytes.end(), d.begin());
+  return d;
+}
+
+bool SecretChars(absl::string_view secret) {
+  return std::all_of(secret.begin(), secret.end(), [](char c) { return c > ' ' && c <= '~'; });
+}
+
 namespace {
 
 constexpr size_t kMinTokenChars = 16;
 constexpr size_t kMaxTokenChars = 4096;
-
-bool TokenChars(absl::string_view token) {
-  for (char c : token) {
-    if (c <= ' ' || c > '~') return false;
-  }
-  return true;
-}
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, const char* what, size_t max_bytes) {
   std::ifstream in(path, std::ios::binary);
@@ -102,23 +112,16 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(absl::string_view text, a
           absl::StrCat(where(), "role \"", absl::CHexEscape(parts[0]), "\" is not one of actor, observer, admin"));
     }
     const absl::string_view token = parts[1];
-    if (absl::StartsWith(token, "sha256:")) {
-      const absl::string_view hex = token.substr(7);
-      if (hex.size() != 64 || !std::all_of(hex.begin(), hex.end(), [](char c) { return absl::ascii_isxdigit(c); })) {
-        return absl::InvalidArgumentError(absl::StrCat(where(), "sha256: needs 64 hex digits, got ", hex.size(),
-                                                       " characters"));
-      }
-      const std::string bytes = absl::HexStringToBytes(hex);
-      std::copy(bytes.begin(), bytes.end(), e.digest.begin());
-    } else {
-      // The token itself is never echoed in a message.
-      if (token.size() < kMinTokenChars || token.size() > kMaxTokenChars || !TokenChars(token)) {
-        return absl::InvalidArgumentError(absl::StrCat(where(), "token of ", token.size(),
-                                                       " characters: needs ", kMinTokenChars, " to ", kMaxTokenChars,
-                                                       " printable non-space ASCII characters"));
-      }
-      e.digest = Sha256(token);
+    // The token itself is never echoed in a message.
+    if (!absl::StartsWith(token, "sha256:") &&
+        (token.size() < kMinTokenChars || token.size() > kMaxTokenChars || !SecretChars(token))) {
+      return absl::InvalidArgumentError(absl::StrCat(where(), "token of ", token.size(), " characters: needs ",
+                                                     kMinTokenChars, " to ", kMaxTokenChars,
+                                                     " printable non-space ASCII characters"));
     }
+    auto digest = SecretDigest(token);
+    if (!digest.ok()) return absl::InvalidArgumentError(absl::StrCat(where(), digest.status().message()));
+    e.digest = *digest;
     for (const TokenEntry& other : entries) {
       if (other.digest == e.digest) {
         return absl::InvalidArgumentError(absl::StrCat(where(), "the same token is listed twice"));

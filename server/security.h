@@ -47,6 +47,11 @@ const char* RoleName(Role role);
 
 using Sha256Digest = std::array<uint8_t, 32>;
 Sha256Digest Sha256(absl::string_view data);
+// The digest a secrets file means by `secret`: `sha256:<64 hex digits>` is
+// the digest itself, anything else is hashed. The error never echoes it.
+absl::StatusOr<Sha256Digest> SecretDigest(absl::string_view secret);
+// Printable ASCII without spaces (what a secret in a file may hold).
+bool SecretChars(absl::string_view secret);
 
 // The token file: one `<role> <token>` or `<role> sha256:<64 hex digits>` a
 // line; blank lines and lines starting with '#' are skipped. Plain tokens are
