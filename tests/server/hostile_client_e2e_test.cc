@@ -29,6 +29,15 @@
 #include "qstream/v1/policy.grpc.pb.h"
 #include "tests/server/e2e_support.h"
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define QSTREAM_HAS_ASAN 1
+#endif
+#endif
+#ifndef QSTREAM_HAS_ASAN
+#define QSTREAM_HAS_ASAN 0
+#endif
+
 namespace qstream {
 namespace {
 
@@ -459,8 +468,15 @@ TEST(HostileClientE2E, EveryLimitIsAnsweredWhileAGoodActorKeepsItsAcksAndRssStay
                rss_warm / 1048576.0, rss_ids / 1048576.0, 100.0 * (rss_ids - rss_warm) / rss_warm,
                absl::FormatDuration(ids_time).c_str(), rss_warm_attacks / 1048576.0, rss_attacks / 1048576.0,
                100.0 * (rss_attacks - rss_warm_attacks) / rss_warm_attacks, rss_attacks_max / 1048576.0);
+#if defined(__SANITIZE_ADDRESS__) || QSTREAM_HAS_ASAN
+  // ASan's allocator keeps freed blocks in its quarantine and never hands
+  // them back, so the daemon's RSS says nothing about what it holds; the
+  // attacks and their answers above are still checked.
+  std::printf("RSS not checked: built with AddressSanitizer\n");
+#else
   EXPECT_LE(std::abs(rss_ids - rss_warm), rss_warm / 10);
   EXPECT_LE(std::abs(rss_attacks - rss_warm_attacks), rss_warm_attacks / 10);
+#endif
 
   // Evaluate: non-finite observations and too many of them.
   {
