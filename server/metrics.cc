@@ -85,8 +85,9 @@ absl::StatusOr<MetricsCredentials> ReadAuthFile(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": not a regular file of at most ", kMaxAuthFileBytes, " bytes"));
   }
-  if ((st.st_mode & (S_IRGRP | S_IROTH)) != 0) {
-    std::fprintf(stderr, "warning: %s is readable by group or others (mode %03o); chmod 600 it\n",
+  // Group-readable is how Kubernetes mounts a Secret for fsGroup (0440).
+  if ((st.st_mode & S_IROTH) != 0) {
+    std::fprintf(stderr, "warning: %s is readable by others (mode %03o); chmod 600 it\n",
                  source.c_str(), static_cast<unsigned>(st.st_mode & 0777));
   }
   std::string text(kMaxAuthFileBytes + 1, '\0');

@@ -143,7 +143,7 @@ TEST(MetricsEndpointE2E, BasicAuthFromPlainPasswordFile) {
   EXPECT_EQ(Status(d.metrics_port, "Bearer " + password), 401);
   ExpectScrape(d.metrics_port, absl::Seconds(20), Basic("prometheus", password));
   EXPECT_FALSE(absl::StrContains(d.process->output(), password));
-  EXPECT_FALSE(absl::StrContains(d.process->output(), "readable by group or others"));
+  EXPECT_FALSE(absl::StrContains(d.process->output(), "readable by others"));
   unlink(file.c_str());
 }
 
@@ -155,7 +155,7 @@ TEST(MetricsEndpointE2E, BasicAuthFromDigestFileReadableByOthers) {
   testing::Daemon d = Start({"--metrics_auth_file=" + file});
   ASSERT_TRUE(d.process);
 
-  EXPECT_TRUE(absl::StrContains(d.process->output(), "readable by group or others")) << d.process->output();
+  EXPECT_TRUE(absl::StrContains(d.process->output(), "readable by others")) << d.process->output();
   EXPECT_EQ(Status(d.metrics_port, ""), 401);
   EXPECT_EQ(Status(d.metrics_port, Basic("prometheus", digest)), 401);
   EXPECT_EQ(Status(d.metrics_port, Basic("prometheus", "sha256:" + digest)), 401);
