@@ -2,47 +2,25 @@
 // of the h200 shape into an in-process daemon while its learner trains
 // (BENCH.md "Ingest"). Reports accepted transitions per second, the batch
 // round trip (write to ack) p50/p99, and the learner's step time during
-// ingest against its step time idle, as one JSON line.
-//
-// The clients are callback reactors (no thread per stream) that send
-// pre-serialized batch bodies: each message is a 1-field prefix carrying the
-// sequence number followed by a shared body slice (protobuf merges the
-// concatenation), so the client costs almost nothing and the measured rate is
-// the daemon's.
+// ingest against its step time idle, as one JSON line. The clients are
+// bench/load_streams.h's.
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstdio>
-#include <map>
-#include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "bench/bench.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/generic/generic_stub.h"
-#include "grpcpp/security/credentials.h"
-#include "grpcpp/support/byte_buffer.h"
-#include "qstream/v1/experience.pb.h"
+#include "bench/load_streams.h"
 #include "server/daemon.h"
 #include "trainer/config.h"
 #include "qstream/version.h"
 
 namespace qstream::bench {
 namespace {
-
-constexpr char kStreamMethod[] = "/qstream.v1.ExperienceService/Stream";
-// Distinct batch bodies per stream (content does not matter, variety does not either).
-constexpr int kBodiesPerStream = 4;
-// Probability that a generated transition ends its episode.
-constexpr double kTerminalProbability = 0.02;
 
 struct Flags {
   std::string config = "h200";
@@ -69,15 +47,7 @@ void Usage() {
 }
 
 absl::Status ParseFlags(int argc, char** argv, Flags* f) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") return absl::CancelledError("help");
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("expected --name=value, got '", arg, "'"));
-    }
-    const std::string name = arg.substr(2, eq - 2);
-    const std::string value = arg.substr(eq + 1);
+  return ParseFlagArgs(argc, argv, [f](const std::string& name, const std::string& value) {
     bool ok = true;
     if (name == "config") {
       f->config = value;
@@ -107,134 +77,11 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f) {
     } else if (name == "seed") {
       ok = absl::SimpleAtoi(value, &f->seed);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+      return FlagValue::kUnknown;
     }
-    if (!ok) return absl::InvalidArgumentError(absl::StrCat("--", name, ": bad value '", value, "'"));
-  }
-  return absl::OkStatus();
+    return ok ? FlagValue::kOk : FlagValue::kBad;
+  });
 }
-
-// A batch body without its sequence number, serialized once.
-std::string MakeBody(const NetworkSpec& spec, int count, bool step_kind, std::mt19937_64* rng) {
-  std::uniform_real_distribution<float> u(-1, 1);
-  std::bernoulli_distribution terminal(kTerminalProbability);
-  v1::TransitionBatch b;
-  b.set_kind(step_kind ? v1::TransitionBatch::KIND_STEP : v1::TransitionBatch::KIND_NSTEP);
-  b.set_count(count);
-  for (int64_t i = 0; i < int64_t{count} * spec.obs_dim; ++i) {
-    b.add_obs(u(*rng));
-    b.add_next_obs(u(*rng));
-  }
-  for (int i = 0; i < count; ++i) {
-    for (int n : spec.branch_actions) b.add_actions(static_cast<int32_t>((*rng)() % n));
-    b.add_rewards(u(*rng));
-    if (step_kind) {
-      b.add_done(terminal(*rng));
-      b.add_env_ids(i % 16);
-    } else {
-      b.add_discounts(terminal(*rng) ? 0.0f : 0.97f);
-    }
-  }
-  return b.SerializeAsString();
-}
-
-// Field 1 (sequence, varint) of TransitionBatch.
-std::string SequencePrefix(uint64_t sequence) {
-  std::string out(1, static_cast<char>(0x08));
-  do {
-    uint8_t byte = sequence & 0x7f;
-    sequence >>= 7;
-    if (sequence) byte |= 0x80;
-    out.push_back(static_cast<char>(byte));
-  } while (sequence);
-  return out;
-}
-
-using Clock = std::chrono::steady_clock;
-
-// One actor stream: write a batch, wait for both the write and its ack, repeat.
-class BenchStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
- public:
-  BenchStream(grpc::GenericStub* stub, std::vector<grpc::Slice> bodies, const std::atomic<bool>* stop,
-              const std::atomic<bool>* measuring)
-      : bodies_(std::move(bodies)), stop_(stop), measuring_(measuring) {
-    stub->PrepareBidiStreamingCall(&context_, kStreamMethod, grpc::StubOptions(), this);
-    StartCall();
-    Send();
-  }
-
-  void OnWriteDone(bool ok) override {
-    if (!ok) return;  // the read fails too and ends the stream
-    Advance();
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return;
-    grpc::Slice slice;
-    v1::Ack ack;
-    if (in_.DumpToSingleSlice(&slice).ok() &&
-        ack.ParseFromArray(slice.begin(), static_cast<int>(slice.size()))) {
-      accepted_.fetch_add(ack.accepted(), std::memory_order_relaxed);
-      if (ack.has_error()) errors_.fetch_add(1, std::memory_order_relaxed);
-    }
-    if (measuring_->load(std::memory_order_relaxed)) {
-      rtt_us_.push_back(std::chrono::duration<double, std::micro>(Clock::now() - sent_at_).count());
-    }
-    Advance();
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    status_ = status;
-    done_.Notify();
-  }
-
-  void WaitDone() { done_.WaitForNotification(); }
-  int64_t accepted() const { return accepted_.load(std::memory_order_relaxed); }
-  int64_t errors() const { return errors_.load(std::memory_order_relaxed); }
-  // Read only after WaitDone().
-  const std::vector<double>& rtt_us() const { return rtt_us_; }
-  const grpc::Status& status() const { return status_; }
-
- private:
-  // Both the write and the ack of the batch in flight completed: send the next.
-  void Advance() {
-    {
-      absl::MutexLock lock(&mu_);
-      if (++completions_ < 2) return;
-      completions_ = 0;
-    }
-    if (stop_->load(std::memory_order_relaxed)) {
-      StartWritesDone();
-      return;
-    }
-    Send();
-  }
-
-  void Send() {
-    ++sequence_;
-    grpc::Slice parts[2] = {grpc::Slice(SequencePrefix(sequence_)), bodies_[sequence_ % bodies_.size()]};
-    out_ = grpc::ByteBuffer(parts, 2);
-    sent_at_ = Clock::now();
-    StartRead(&in_);
-    StartWrite(&out_);
-  }
-
-  grpc::ClientContext context_;
-  const std::vector<grpc::Slice> bodies_;
-  const std::atomic<bool>* const stop_;
-  const std::atomic<bool>* const measuring_;
-  grpc::ByteBuffer out_;
-  grpc::ByteBuffer in_;
-  uint64_t sequence_ = 0;
-  Clock::time_point sent_at_;
-  absl::Mutex mu_;
-  int completions_ ABSL_GUARDED_BY(mu_) = 0;
-  std::atomic<int64_t> accepted_{0};
-  std::atomic<int64_t> errors_{0};
-  std::vector<double> rtt_us_;
-  grpc::Status status_;
-  absl::Notification done_;
-};
 
 // Learner progress at one instant: steps taken and the step-time histogram.
 struct LearnerMark {
@@ -317,37 +164,22 @@ absl::Status Run(const Flags& flags) {
   std::fprintf(stderr, "qstream-bench ingest: %s; %d streams x %d transitions (%s)\n", d->StartupLine().c_str(),
                flags.streams, flags.batch, flags.kind.c_str());
 
-  // One channel (one HTTP/2 connection) per stream, as separate actors have.
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
-  std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
-  std::atomic<bool> stop{false};
-  std::atomic<bool> measuring{false};
-  std::vector<std::unique_ptr<BenchStream>> streams;
-  std::mt19937_64 rng(flags.seed);
-  for (int s = 0; s < flags.streams; ++s) {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    args.SetMaxSendMessageSize(-1);
-    channels.push_back(grpc::CreateCustomChannel(d->grpc_address(), grpc::InsecureChannelCredentials(), args));
-    stubs.push_back(std::make_unique<grpc::GenericStub>(channels.back()));
-    std::vector<grpc::Slice> bodies;
-    for (int k = 0; k < kBodiesPerStream; ++k) bodies.emplace_back(MakeBody(*spec, flags.batch, flags.kind == "step", &rng));
-    streams.push_back(std::make_unique<BenchStream>(stubs.back().get(), std::move(bodies), &stop, &measuring));
-  }
-  auto total_accepted = [&] {
-    int64_t n = 0;
-    for (const auto& s : streams) n += s->accepted();
-    return n;
-  };
+  LoadOptions load;
+  load.address = d->grpc_address();
+  load.streams = flags.streams;
+  load.items_per_message = flags.batch;
+  load.step_kind = flags.kind == "step";
+  load.seed = flags.seed;
+  LoadStreams streams(*spec, load);
 
   absl::SleepFor(absl::Seconds(flags.warmup_seconds));
-  measuring = true;
+  streams.StartMeasuring();
   std::vector<double> rates, steps_ingest, step_us_ingest;
   for (int r = 0; r < flags.repeats; ++r) {
-    const int64_t a0 = total_accepted();
+    const int64_t a0 = streams.accepted();
     const LearnerMark m0 = Mark(d);
     absl::SleepFor(absl::Seconds(flags.seconds));
-    const int64_t a1 = total_accepted();
+    const int64_t a1 = streams.accepted();
     const LearnerMark m1 = Mark(d);
     const double rate = static_cast<double>(a1 - a0) / absl::ToDoubleSeconds(m1.at - m0.at);
     const LearnerRate lr = Rate(m0, m1);
@@ -357,19 +189,9 @@ absl::Status Run(const Flags& flags) {
     std::fprintf(stderr, "  repeat %d: %.0f transitions/s, learner %.1f steps/s (%.0f us/step)\n", r, rate,
                  lr.steps_per_s, lr.step_us);
   }
-  measuring = false;
-  stop = true;
-  int64_t errors = 0;
-  std::vector<double> rtt;
-  for (auto& s : streams) {
-    s->WaitDone();
-    errors += s->errors();
-    rtt.insert(rtt.end(), s->rtt_us().begin(), s->rtt_us().end());
-    if (!s->status().ok()) {
-      return absl::InternalError(absl::StrCat("stream ended with ", s->status().error_message()));
-    }
-  }
-  std::sort(rtt.begin(), rtt.end());
+  if (absl::Status st = streams.Stop(); !st.ok()) return st;
+  const int64_t errors = streams.error_acks();
+  std::vector<double> rtt = streams.rtt_us();
 
   // Idle: the same learner on the same replay, no ingest.
   std::vector<double> steps_idle, step_us_idle;
@@ -411,17 +233,7 @@ absl::Status Run(const Flags& flags) {
 }  // namespace
 
 int RunIngestBench(int argc, char** argv) {
-  Flags flags;
-  if (absl::Status s = ParseFlags(argc, argv, &flags); !s.ok()) {
-    if (!absl::IsCancelled(s)) std::fprintf(stderr, "qstream-bench ingest: %s\n", std::string(s.message()).c_str());
-    Usage();
-    return absl::IsCancelled(s) ? 0 : 2;
-  }
-  if (absl::Status s = Run(flags); !s.ok()) {
-    std::fprintf(stderr, "qstream-bench ingest: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  return 0;
+  return RunSubcommand("ingest", argc, argv, ParseFlags, Usage, Run);
 }
 
 }  // namespace qstream::bench

@@ -1,4 +1,4 @@
-// qstream-bench: `qstream-bench <learner|ingest> [--flags]`; each subcommand
+// qstream-bench: `qstream-bench <learner|ingest|e2e|checkpoint> [--flags]`; each subcommand
 // prints one JSON line per case on stdout (progress goes to stderr).
 #include <cstdio>
 #include <cstring>
@@ -12,8 +12,9 @@ void Usage(const char* argv0) {
                "usage: %s learner [--config=small,h200] [--batch=64,256] [--backend=auto|cpu|cuda]\n"
                "                  [--steps=N] [--repeats=R] [--warmup=W] [--fill=N] [--peak_tflops=T] [--peak_gbps=G]\n"
                "       %s ingest [flags]   (see `%s ingest --help`)\n"
+               "       %s e2e [flags]      (qstreamd child process + load streams; see `%s e2e --help`)\n"
                "       %s checkpoint [--config=h200] [--backend=auto|cpu|cuda] [--rows=1000000] [--dir=D] [--repeats=3]\n",
-               argv0, argv0, argv0, argv0);
+               argv0, argv0, argv0, argv0, argv0, argv0);
 }
 
 }  // namespace
@@ -22,6 +23,10 @@ void Usage(const char* argv0) {
 // Built without bench/ingest_bench.cc or the server library.
 int qstream::bench::RunIngestBench(int, char**) {
   std::fprintf(stderr, "qstream-bench ingest: not built (needs bench/ingest_bench.cc and the qstream_server library)\n");
+  return 2;
+}
+int qstream::bench::RunE2eBench(int, char**) {
+  std::fprintf(stderr, "qstream-bench e2e: not built (needs the qstream_server library)\n");
   return 2;
 }
 #endif
@@ -34,6 +39,7 @@ int main(int argc, char** argv) {
   // Subcommands see their own name as argv[0].
   if (std::strcmp(argv[1], "learner") == 0) return qstream::bench::RunLearnerBench(argc - 1, argv + 1);
   if (std::strcmp(argv[1], "ingest") == 0) return qstream::bench::RunIngestBench(argc - 1, argv + 1);
+  if (std::strcmp(argv[1], "e2e") == 0) return qstream::bench::RunE2eBench(argc - 1, argv + 1);
   if (std::strcmp(argv[1], "checkpoint") == 0) return qstream::bench::RunCheckpointBench(argc - 1, argv + 1);
   std::fprintf(stderr, "qstream-bench: unknown subcommand '%s'\n", argv[1]);
   Usage(argv[0]);

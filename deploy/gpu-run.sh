@@ -4,7 +4,8 @@
 # a few steps, qstream-bench learner on the h200 and small configs and the
 # PyTorch peer in the same invocation. Logs go to $OUT (at most 8 files).
 # Usage: stage/gpu-run.sh [STAGE_DIR]   (env SKIP_TESTS=1, SKIP_SANITIZER=1, SKIP_PEER=1, PROFILE=1,
-#   DEMO=1 [DEMO_SECONDS=60]: qstreamd --backend=cuda + CartPole actors via deploy/demo.sh)
+#   DEMO=1 [DEMO_SECONDS=60]: qstreamd --backend=cuda + CartPole actors via deploy/demo.sh,
+#   E2E=1 [E2E_SECONDS=20 E2E_STREAMS=8]: qstream-bench e2e, qstreamd --backend=cuda under load streams)
 set -uo pipefail
 stage="$(cd "${1:-$(dirname "$0")}" && pwd)"
 out="${OUT:-/tmp/qstream-out}"
@@ -50,6 +51,19 @@ if [[ "${SKIP_PEER:-0}" != 1 ]]; then
     > "$out/peer.jsonl" 2>> "$out/bench.log"
   echo "peer rc=$?" >> "$summary"
   cat "$out/peer.jsonl" >> "$summary"
+fi
+
+if [[ "${E2E:-0}" == 1 && -x "$bin/qstreamd" ]]; then
+  # The learner inside qstreamd while load streams from this host's cores push
+  # B=1024 batches; graph-only reference (qstream-bench learner) in the same call.
+  # Its JSON line joins bench.jsonl, its progress bench.log (the 8-file limit).
+  echo "== e2e" >> "$summary"
+  timeout $(( ${E2E_SECONDS:-20} + 400 )) "$bin/qstream-bench" e2e --qstreamd="$bin/qstreamd" --backend=cuda \
+    --config=h200 --batch=1024 --items_per_message=1024 --streams="${E2E_STREAMS:-8}" \
+    --seconds="${E2E_SECONDS:-20}" > "$out/e2e.tmp" 2>> "$out/bench.log"
+  echo "e2e rc=$?" >> "$summary"
+  tee -a "$out/bench.jsonl" < "$out/e2e.tmp" >> "$summary"
+  rm -f "$out/e2e.tmp"
 fi
 
 if [[ "${DEMO:-0}" == 1 && -x "$bin/qstreamd" && -x "$bin/qstream-actor" ]]; then

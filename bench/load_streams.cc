@@ -1,0 +1,190 @@
+#include "bench/load_streams.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "qstream/v1/experience.pb.h"
+
+namespace qstream::bench {
+namespace {
+
+constexpr char kStreamMethod[] = "/qstream.v1.ExperienceService/Stream";
+// Distinct batch bodies per stream (content does not matter, variety does not either).
+constexpr int kBodiesPerStream = 4;
+// Probability that a generated transition ends its episode.
+constexpr double kTerminalProbability = 0.02;
+
+// A batch body without its sequence number, serialized once.
+std::string MakeBody(const NetworkSpec& spec, int count, bool step_kind, std::mt19937_64* rng) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::bernoulli_distribution terminal(kTerminalProbability);
+  v1::TransitionBatch b;
+  b.set_kind(step_kind ? v1::TransitionBatch::KIND_STEP : v1::TransitionBatch::KIND_NSTEP);
+  b.set_count(count);
+  for (int64_t i = 0; i < int64_t{count} * spec.obs_dim; ++i) {
+    b.add_obs(u(*rng));
+    b.add_next_obs(u(*rng));
+  }
+  for (int i = 0; i < count; ++i) {
+    for (int n : spec.branch_actions) b.add_actions(static_cast<int32_t>((*rng)() % n));
+    b.add_rewards(u(*rng));
+    if (step_kind) {
+      b.add_done(terminal(*rng));
+      b.add_env_ids(i % 16);
+    } else {
+      b.add_discounts(terminal(*rng) ? 0.0f : 0.97f);
+    }
+  }
+  return b.SerializeAsString();
+}
+
+// Field 1 (sequence, varint) of TransitionBatch.
+std::string SequencePrefix(uint64_t sequence) {
+  std::string out(1, static_cast<char>(0x08));
+  do {
+    uint8_t byte = sequence & 0x7f;
+    sequence >>= 7;
+    if (sequence) byte |= 0x80;
+    out.push_back(static_cast<char>(byte));
+  } while (sequence);
+  return out;
+}
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+// One actor stream: write a batch, wait for both the write and its ack, repeat.
+class BenchStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  BenchStream(grpc::GenericStub* stub, std::vector<grpc::Slice> bodies, const std::atomic<bool>* stop,
+              const std::atomic<bool>* measuring)
+      : bodies_(std::move(bodies)), stop_(stop), measuring_(measuring) {
+    stub->PrepareBidiStreamingCall(&context_, kStreamMethod, grpc::StubOptions(), this);
+    StartCall();
+    Send();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return;  // the read fails too and ends the stream
+    Advance();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    grpc::Slice slice;
+    v1::Ack ack;
+    if (in_.DumpToSingleSlice(&slice).ok() &&
+        ack.ParseFromArray(slice.begin(), static_cast<int>(slice.size()))) {
+      accepted_.fetch_add(ack.accepted(), std::memory_order_relaxed);
+      if (ack.has_error()) errors_.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (measuring_->load(std::memory_order_relaxed)) {
+      rtt_us_.push_back(std::chrono::duration<double, std::micro>(Clock::now() - sent_at_).count());
+    }
+    Advance();
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    status_ = status;
+    done_.Notify();
+  }
+
+  void WaitDone() { done_.WaitForNotification(); }
+  int64_t accepted() const { return accepted_.load(std::memory_order_relaxed); }
+  int64_t errors() const { return errors_.load(std::memory_order_relaxed); }
+  // Read only after WaitDone().
+  const std::vector<double>& rtt_us() const { return rtt_us_; }
+  const grpc::Status& status() const { return status_; }
+
+ private:
+  // Both the write and the ack of the batch in flight completed: send the next.
+  void Advance() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (++completions_ < 2) return;
+      completions_ = 0;
+    }
+    if (stop_->load(std::memory_order_relaxed)) {
+      StartWritesDone();
+      return;
+    }
+    Send();
+  }
+
+  void Send() {
+    ++sequence_;
+    grpc::Slice parts[2] = {grpc::Slice(SequencePrefix(sequence_)), bodies_[sequence_ % bodies_.size()]};
+    out_ = grpc::ByteBuffer(parts, 2);
+    sent_at_ = Clock::now();
+    StartRead(&in_);
+    StartWrite(&out_);
+  }
+
+  grpc::ClientContext context_;
+  const std::vector<grpc::Slice> bodies_;
+  const std::atomic<bool>* const stop_;
+  const std::atomic<bool>* const measuring_;
+  grpc::ByteBuffer out_;
+  grpc::ByteBuffer in_;
+  uint64_t sequence_ = 0;
+  Clock::time_point sent_at_;
+  absl::Mutex mu_;
+  int completions_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> accepted_{0};
+  std::atomic<int64_t> errors_{0};
+  std::vector<double> rtt_us_;
+  grpc::Status status_;
+  absl::Notification done_;
+};
+
+LoadStreams::LoadStreams(const NetworkSpec& spec, const LoadOptions& options) {
+  std::mt19937_64 rng(options.seed);
+  for (int s = 0; s < options.streams; ++s) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetMaxSendMessageSize(-1);
+    channels_.push_back(grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args));
+    stubs_.push_back(std::make_unique<grpc::GenericStub>(channels_.back()));
+    std::vector<grpc::Slice> bodies;
+    for (int k = 0; k < kBodiesPerStream; ++k) {
+      bodies.emplace_back(MakeBody(spec, options.items_per_message, options.step_kind, &rng));
+    }
+    streams_.push_back(
+        std::make_unique<BenchStream>(stubs_.back().get(), std::move(bodies), &stop_, &measuring_));
+  }
+}
+
+LoadStreams::~LoadStreams() { Stop().IgnoreError(); }
+
+int64_t LoadStreams::accepted() const {
+  int64_t n = 0;
+  for (const auto& s : streams_) n += s->accepted();
+  return n;
+}
+
+absl::Status LoadStreams::Stop() {
+  if (stopped_) return stop_status_;
+  stopped_ = true;
+  measuring_ = false;
+  stop_ = true;
+  for (auto& s : streams_) {
+    s->WaitDone();
+    error_acks_ += s->errors();
+    rtt_us_.insert(rtt_us_.end(), s->rtt_us().begin(), s->rtt_us().end());
+    if (!s->status().ok() && stop_status_.ok()) {
+      stop_status_ = absl::InternalError(absl::StrCat("stream ended with ", s->status().error_message()));
+    }
+  }
+  std::sort(rtt_us_.begin(), rtt_us_.end());
+  return stop_status_;
+}
+
+}  // namespace qstream::bench
