@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo clean asan tsa fuzz
+.PHONY: all deps configure build test demo clean asan tsa fuzz lint
 
 all: build
 
@@ -48,3 +48,13 @@ fuzz: deps
 	  -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS)
 	cmake --build build-fuzz -j $(JOBS) --target $(FUZZ_TARGETS:%=%_fuzzer)
 	./fuzz/run.sh build-fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+# clang-format and clang-tidy, warnings are errors, on the changed lines of the
+# C++ code (tools/lint-changed.sh: BASE defaults to the merge-base with
+# origin/main, else HEAD~1). Needs the build's compile_commands.json and
+# generated headers. LINT_ARGS=--full: the changed files as a whole;
+# LINT_ARGS=--all: every file.
+LINT_BASE ?=
+LINT_ARGS ?=
+lint: build
+	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) ./tools/lint-changed.sh $(LINT_ARGS) $(LINT_BASE)

@@ -11,7 +11,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libeigen3-dev libgtest-dev libgmock-dev
   libisal-dev nlohmann-json3-dev libssl-dev openssl
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format-14 clang-tidy-14
   python3 python3-pip python3-venv
   prometheus-pushgateway
 )
