@@ -83,14 +83,20 @@ __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs 
   }
   __syncthreads();
 
-  // 11. Priority write-back.
+  // 11. Priority write-back. One writer per slot, the largest b: the sampler's
+  // indices are nondecreasing (per_sample.h), so a later b' with the same
+  // index exists iff idx[b+1] == idx[b]. Should they ever not be sorted, the
+  // block falls back to the O(B^2) scan for a later equal index (same owner).
+  bool unsorted = false;
+  for (int b = threadIdx.x; b + 1 < a.batch; b += blockDim.x) unsorted = unsorted || sh_idx[b] > sh_idx[b + 1];
+  const bool sorted = __syncthreads_or(unsorted) == 0;
   const bool apply = sh_apply != 0;
   float pmax = 0.0f;
   if (apply) {
     for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
       const int32_t idx = sh_idx[b];
-      bool later = false;
-      for (int o = b + 1; o < a.batch && !later; ++o) later = sh_idx[o] == idx;
+      bool later = sorted && b + 1 < a.batch && sh_idx[b + 1] == idx;
+      for (int o = b + 1; !sorted && o < a.batch && !later; ++o) later = sh_idx[o] == idx;
       const float p = powf(a.ce[b] + a.priority_epsilon, a.alpha);
       pmax = fmaxf(pmax, p);
       if (!later) a.priorities[idx] = p;

@@ -54,7 +54,11 @@ struct FinalizeArgs {
 // priorities[idx_b] by thread b unless a later b' has the same index (largest
 // b wins: one writer per slot), max_priority = max(max_priority, max_b p_b),
 // and thread 0 advances the step counter t (so the Adam pass after this
-// kernel sees t + 1).
+// kernel sees t + 1). The owner test relies on the sampler's indices being
+// NONDECREASING in b (per_sample.h, LaunchPrioritySample): duplicates are then
+// adjacent and b writes iff b == B-1 or idx[b+1] != idx[b], O(1) per sample.
+// A block-wide check (one pass, __syncthreads_or) falls back to the O(B^2)
+// scan for a later equal index when they are not sorted, with the same owner.
 cudaError_t LaunchFinalize(const FinalizeArgs& args, cudaStream_t stream);
 
 struct AdamArgs {

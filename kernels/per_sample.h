@@ -40,15 +40,26 @@ struct PrioritySampleArgs {
 // Bytes of CUB temp storage the scan of `capacity` items needs (query once at set-up).
 cudaError_t PriorityScanTempBytes(int64_t capacity, size_t* bytes);
 
-// Two launches:
+// Three launches:
 //  1. cub::DeviceScan::InclusiveSum over rint(p_i * 2^shift) (converted as
 //     the scan reads, so no fixed-point copy is stored) into `prefix`, in the
 //     temp storage allocated once at set-up.
-//  2. StratifiedSample, one block: thread b (strided) computes
-//     u_b = (b + Uniform01(seed, t, b)) / B * total, idx_b = first j with
-//     prefix_j > u_b (binary search), clamped to size-1; w_b = (size p / total)^-beta;
-//     a block max (fixed shuffle tree) then w_b /= max. Thread b alone writes
-//     indices[b] and weights[b].
+//  2. StratifiedSample, one warp per sample (ceil(B/8) blocks of 8 warps):
+//     u_b = (b + Uniform01(seed, t, b)) / B * total (double), idx_b = first j
+//     in [0, capacity) with prefix_j > floor(u_b) (capacity when none; found
+//     by a 32-ary search, log32(capacity) rounds of 32 parallel loads, the
+//     same answer as a binary search), clamped to size-1;
+//     w_b = (size p_idx / total)^-beta, beta = fma(beta_end - beta_start,
+//     min(1, t / anneal_steps), beta_start) (beta_end when anneal_steps == 0).
+//     Lane 0 of warp b alone writes indices[b] and the raw weights[b].
+//  3. NormalizeWeights, one block: m = max(0, max_b w_b) (exact, fixed
+//     shuffle tree, no atomics), then weights[b] = w_b / m.
+// Every output is bitwise reproducible. indices is NONDECREASING in b (u_b
+// increases with b since b + r_b < b + 1, the rounded double ops, floor, the
+// search and the clamp are all monotone), so equal indices are adjacent: the
+// priority write-back (optimizer.h, LaunchFinalize) relies on this for its
+// O(1) one-writer-per-slot rule.
+// batch == 0 runs the scan only.
 cudaError_t LaunchPrioritySample(const PrioritySampleArgs& args, cudaStream_t stream);
 
 struct GatherArgs {

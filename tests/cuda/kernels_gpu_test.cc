@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "common/rng.h"
 #include "kernels/bias_act.h"
 #include "kernels/c51_loss.h"
 #include "kernels/optimizer.h"
@@ -20,7 +23,6 @@
 #include "trainer/cpu/optimizer.h"
 #include "trainer/cuda/gemm.h"
 #include "trainer/network_spec.h"
-#include "trainer/rng.h"
 
 namespace qstream {
 namespace {
@@ -268,6 +270,168 @@ TEST(PrioritySample, MatchesSequentialPrefixSearch) {
   // The stratified draw is spread over the filled slots only.
   for (int32_t i : got_idx) EXPECT_LT(i, size);
 }
+
+// The documented definition of LaunchPrioritySample (per_sample.h) on the
+// host, in the same arithmetic: the fixed-point inclusive prefix, floor(u),
+// first j with prefix_j > floor(u) (capacity when none), the clamp to size-1,
+// w = (size p / total)^-beta and w / max(0, max_b w). Every step but pow is an
+// exactly rounded IEEE operation on both sides, and a double pow that is off
+// by an ulp moves the float it rounds to with probability ~2^-28.
+struct SampleReference {
+  std::vector<int32_t> indices;
+  std::vector<float> weights;
+};
+
+SampleReference ReferencePrioritySample(const std::vector<float>& prio, int64_t size, uint64_t seed,
+                                        int64_t t, int batch, float beta_start, float beta_end,
+                                        int64_t anneal_steps) {
+  const int64_t capacity = static_cast<int64_t>(prio.size());
+  const int shift = kernels::FixedPointShift(capacity);
+  const float fixed_scale = std::ldexp(1.0f, shift);
+  std::vector<uint64_t> prefix(capacity);
+  uint64_t acc = 0;
+  for (int64_t i = 0; i < capacity; ++i)
+    prefix[i] = acc += static_cast<uint64_t>(std::rint(prio[i] * fixed_scale));
+  const uint64_t total = prefix.back();
+  const double total_real = static_cast<double>(total) / std::ldexp(1.0, shift);
+  const float beta =
+      anneal_steps == 0
+          ? beta_end
+          : std::fma(beta_end - beta_start,
+                     std::min(1.0f, static_cast<float>(t) / static_cast<float>(anneal_steps)), beta_start);
+  SampleReference ref;
+  float max_w = 0.0f;
+  for (int b = 0; b < batch; ++b) {
+    const float r = Uniform01(seed, static_cast<uint64_t>(t), static_cast<uint64_t>(b));
+    const double u = (static_cast<double>(b) + r) / batch * static_cast<double>(total);
+    const uint64_t u_int = static_cast<uint64_t>(std::floor(u));
+    const int64_t j = std::upper_bound(prefix.begin(), prefix.end(), u_int) - prefix.begin();
+    const int64_t idx = j < size ? j : size - 1;
+    const double prob = static_cast<double>(prio[idx]) / total_real;
+    const float w =
+        static_cast<float>(std::pow(static_cast<double>(size) * prob, -static_cast<double>(beta)));
+    ref.indices.push_back(static_cast<int32_t>(idx));
+    ref.weights.push_back(w);
+    max_w = std::max(max_w, w);
+  }
+  for (float& w : ref.weights) w = w / max_w;
+  return ref;
+}
+
+struct SampleCase {
+  const char* name;
+  int64_t capacity;
+  int64_t size;  // filled slots; the rest hold 0 unless `stale`
+  int batch;
+  bool stale;  // slots >= size keep nonzero priorities: the search lands there, the clamp brings it back
+};
+
+class PrioritySampleBitwiseTest : public ::testing::TestWithParam<SampleCase> {};
+
+// The multi-block warp sampler against the host definition, bit for bit, on
+// priorities over a wide range with isolated zeros, a run of zeros (flat
+// prefix), priorities that round to 0 in fixed point, and a few near the
+// fixed-point maximum (many samples, adjacent duplicates).
+TEST_P(PrioritySampleBitwiseTest, MatchesFixedPointDefinitionBitwise) {
+  QS_SKIP_WITHOUT_GPU();
+  const SampleCase c = GetParam();
+  std::mt19937_64 rng(1000 + c.capacity + c.batch + c.size);
+  std::uniform_real_distribution<float> log_p(-8.0f, 3.0f);
+  std::vector<float> prio(c.capacity);
+  for (float& p : prio) p = std::exp(log_p(rng));
+  for (int64_t i = 0; i < c.capacity; ++i) {
+    if (rng() % 10 == 0) prio[i] = 0.0f;
+  }
+  const int64_t run = std::min<int64_t>(c.size / 8, 5000);  // zeros across 32-ary sub-range borders
+  for (int64_t i = c.size / 3; i < c.size / 3 + run; ++i) prio[i] = 0.0f;
+  for (int k = 0; k < 5; ++k) prio[rng() % c.size] = 4000.0f;
+  prio[rng() % c.size] = std::ldexp(1.0f, -kernels::FixedPointShift(c.capacity) - 2);  // fixed point 0
+  prio[0] = 0.0f;
+  // The last filled slot: unwritten too, or (stale) where the clamp sends the
+  // samples that land beyond it, so it must have a weight.
+  prio[c.size - 1] = c.stale ? 1.0f : 0.0f;
+  if (!c.stale) {
+    for (int64_t i = c.size; i < c.capacity; ++i) prio[i] = 0.0f;
+  }
+  const int64_t t = 4321;
+  const uint64_t seed = 0x5EEDull + c.capacity;
+  kernels::DeviceState state;
+  state.t = t;
+  state.replay_size = c.size;
+  DeviceArray<kernels::DeviceState> d_state(std::vector<kernels::DeviceState>{state});
+  DeviceArray<float> d_prio(prio);
+  DeviceArray<uint64_t> prefix(c.capacity);
+  size_t temp_bytes = 0;
+  QS_ASSERT_CUDA(kernels::PriorityScanTempBytes(c.capacity, &temp_bytes));
+  DeviceArray<char> temp(temp_bytes);
+  DeviceArray<int32_t> idx(c.batch);
+  DeviceArray<float> w(c.batch);
+  prefix.Poison();
+  idx.Poison();
+  w.Poison();
+  kernels::PrioritySampleArgs a;
+  a.priorities = d_prio.get();
+  a.prefix = prefix.get();
+  a.scan_temp = temp.get();
+  a.scan_temp_bytes = temp_bytes;
+  a.capacity = c.capacity;
+  a.fixed_shift = kernels::FixedPointShift(c.capacity);
+  a.state = d_state.get();
+  a.seed = seed;
+  a.batch = c.batch;
+  a.beta_start = 0.4f;
+  a.beta_end = 1.0f;
+  a.beta_anneal_steps = 10007;
+  a.indices = idx.get();
+  a.weights = w.get();
+  QS_ASSERT_CUDA(kernels::LaunchPrioritySample(a, nullptr));
+  const auto got_idx = idx.Download();
+  const auto got_w = w.Download();
+  const SampleReference ref = ReferencePrioritySample(prio, c.size, seed, t, c.batch, 0.4f, 1.0f, 10007);
+
+  int clamped = 0;
+  for (int b = 0; b < c.batch; ++b) {
+    ASSERT_EQ(got_idx[b], ref.indices[b]) << c.name << " b=" << b;
+    EXPECT_EQ(std::bit_cast<uint32_t>(got_w[b]), std::bit_cast<uint32_t>(ref.weights[b]))
+        << c.name << " b=" << b << ": " << got_w[b] << " vs " << ref.weights[b];
+    EXPECT_GE(got_idx[b], 0);
+    EXPECT_LT(got_idx[b], c.size);
+    if (b > 0) {
+      EXPECT_LE(got_idx[b - 1], got_idx[b]) << "indices must be nondecreasing, b=" << b;
+    }
+    if (!c.stale) {
+      EXPECT_GT(prio[got_idx[b]], 0.0f) << "an unwritten slot was sampled, b=" << b;
+    }
+    clamped += got_idx[b] == c.size - 1;
+  }
+  if (c.stale) {
+    EXPECT_GT(clamped, 0) << "the case must exercise the clamp";
+  }
+  EXPECT_EQ(*std::max_element(got_w.begin(), got_w.end()), 1.0f);
+  // The same step again: the same bits (no atomics, no run-to-run order).
+  idx.Poison();
+  w.Poison();
+  QS_ASSERT_CUDA(kernels::LaunchPrioritySample(a, nullptr));
+  EXPECT_EQ(idx.Download(), got_idx);
+  const auto again_w = w.Download();
+  for (int b = 0; b < c.batch; ++b) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(again_w[b]), std::bit_cast<uint32_t>(got_w[b])) << "b=" << b;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PrioritySampleBitwiseTest,
+                         ::testing::Values(SampleCase{"c1000_b32", 1000, 1000, 32, false},
+                                           SampleCase{"c1000_b1024", 1000, 1000, 1024, false},
+                                           SampleCase{"c1000_partial_b1024", 1000, 613, 1024, false},
+                                           SampleCase{"c1000_stale_b1024", 1000, 613, 1024, true},
+                                           SampleCase{"c65536_b32", 65536, 65536, 32, false},
+                                           SampleCase{"c65536_b1024", 65536, 65536, 1024, false},
+                                           SampleCase{"c65536_partial_b37", 65536, 40000, 37, false},
+                                           SampleCase{"c1M_b32", 1 << 20, 1 << 20, 32, false},
+                                           SampleCase{"c1M_b1024", 1 << 20, 1 << 20, 1024, false},
+                                           SampleCase{"c1M_partial_b1024", 1 << 20, 777777, 1024, false},
+                                           SampleCase{"c1M_stale_b4096", 1 << 20, 300001, 4096, true}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Gather, CopiesSampledRows) {
   QS_SKIP_WITHOUT_GPU();
@@ -584,6 +748,188 @@ INSTANTIATE_TEST_SUITE_P(Guard, FinalizeTest,
                                            FinalizeCase{"inf_grad", 2, GuardReason::kNonFiniteGrad},
                                            FinalizeCase{"grad_norm", 3, GuardReason::kGradNorm},
                                            FinalizeCase{"q_range", 4, GuardReason::kQRange}));
+
+// Runs LaunchFinalize on clean inputs (the guard passes) with the given
+// indices and CE, over `prio`; returns the priorities after the write-back.
+std::vector<float> RunPriorityWriteBack(const std::vector<int32_t>& idx, const std::vector<float>& ce,
+                                        const std::vector<float>& prio, float* max_priority) {
+  const int B = static_cast<int>(idx.size());
+  std::mt19937_64 rng(31 + B);
+  const int64_t n = 4099;
+  const auto g = RandomUniform(rng, n, -0.01f, 0.01f);
+  const auto w = RandomUniform(rng, B, 0.1f, 1.0f), clip = RandomUniform(rng, B, 0.0f, 0.5f);
+  const auto qmin = RandomUniform(rng, B, -5, -1), qmax = RandomUniform(rng, B, 1, 5);
+  const auto qsum = RandomUniform(rng, B, -9, 9);
+  DeviceArray<float> d_g(g), d_ce(ce), d_w(w), d_clip(clip), d_qmin(qmin), d_qmax(qmax), d_qsum(qsum);
+  DeviceArray<int32_t> d_bad(std::vector<int32_t>(B, 0));
+  DeviceArray<float> d_prio(prio);
+  DeviceArray<int32_t> d_idx(idx);
+  DeviceArray<float> partials(kernels::kNormBlocks);
+  partials.Poison();
+  kernels::DeviceState init;
+  init.t = 7;
+  DeviceArray<kernels::DeviceState> state(std::vector<kernels::DeviceState>{init});
+  EXPECT_EQ(kernels::LaunchGradSumSquares(d_g.get(), n, partials.get(), nullptr), cudaSuccess);
+  kernels::FinalizeArgs a;
+  a.norm_partials = partials.get();
+  a.ce = d_ce.get();
+  a.weights = d_w.get();
+  a.clip_mass = d_clip.get();
+  a.q_min = d_qmin.get();
+  a.q_max = d_qmax.get();
+  a.q_sum = d_qsum.get();
+  a.q_bad = d_bad.get();
+  a.batch = B;
+  a.num_branches = 2;
+  a.total_actions = 6;
+  a.max_grad_norm = 1000.0f;
+  a.q_bound = 10.0f;
+  a.clip_grad_norm = 10.0f;
+  a.beta1 = 0.9f;
+  a.beta2 = 0.999f;
+  a.priorities = d_prio.get();
+  a.indices = d_idx.get();
+  a.priority_epsilon = 1e-6f;
+  a.alpha = 0.6f;
+  a.state = state.get();
+  EXPECT_EQ(kernels::LaunchFinalize(a, nullptr), cudaSuccess);
+  const kernels::DeviceState s = state.Download()[0];
+  EXPECT_EQ(s.apply, 1) << "the write-back tests need the guard to pass";
+  EXPECT_EQ(s.t, 8);
+  *max_priority = s.max_priority;
+  return d_prio.Download();
+}
+
+// CE values whose priorities (CE + eps)^0.6 differ by >= ~0.02% between any
+// two samples, far above the powf tolerance, so a slot's value names its writer.
+std::vector<float> DistinctCe(std::mt19937_64& rng, int B) {
+  std::vector<int> perm(B);
+  for (int b = 0; b < B; ++b) perm[b] = b;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<float> ce(B);
+  for (int b = 0; b < B; ++b) ce[b] = 0.5f + 0.01f * static_cast<float>(perm[b]);
+  return ce;
+}
+
+// Host reference of the write-back (b in order, so the largest b wins a
+// slot), then every slot checked: a written slot holds its largest b's
+// priority (to powf rounding, far below the gap to any other b's), any other
+// slot its old value bit for bit.
+void ExpectLargestBWins(const std::vector<int32_t>& idx, const std::vector<float>& ce,
+                        const std::vector<float>& prio, const char* what) {
+  float max_priority = 0.0f;
+  const auto got = RunPriorityWriteBack(idx, ce, prio, &max_priority);
+  std::vector<int> owner(prio.size(), -1);
+  double max_p = 1.0;  // the initial max_priority
+  for (size_t b = 0; b < idx.size(); ++b) {
+    owner[idx[b]] = static_cast<int>(b);
+    max_p = std::max(max_p, std::pow(static_cast<double>(ce[b] + 1e-6f), 0.6));
+  }
+  std::vector<double> ref(prio.begin(), prio.end());
+  for (size_t s = 0; s < prio.size(); ++s) {
+    if (owner[s] < 0) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(got[s]), std::bit_cast<uint32_t>(prio[s])) << what << ": slot " << s;
+      continue;
+    }
+    ref[s] = std::pow(static_cast<double>(ce[owner[s]] + 1e-6f), 0.6);
+    EXPECT_NEAR(got[s], ref[s], ref[s] * 2e-6) << what << ": slot " << s << " owner b=" << owner[s];
+  }
+  EXPECT_LE(RelError(got, ref), kExactTol) << what;
+  EXPECT_NEAR(max_priority, max_p, max_p * 2e-6) << what;
+}
+
+// Sorted indices (the sampler's), in runs of duplicates: runs of 1..12, one
+// of 300 that spans the block's 1024-thread stride, the first and last slot,
+// and B > 1024 so owners and their right neighbours sit in different passes.
+TEST(PriorityWriteBack, SortedRunsLargestBWins) {
+  QS_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(41);
+  const int64_t capacity = 20000;
+  std::vector<int32_t> idx;
+  int32_t slot = 0;
+  while (idx.size() < 2500) {
+    const int len = idx.size() == 1000 ? 300 : 1 + static_cast<int>(rng() % 12);
+    for (int k = 0; k < len; ++k) idx.push_back(slot);
+    slot += 1 + static_cast<int32_t>(rng() % 7);
+  }
+  idx.resize(2500);
+  idx.back() = static_cast<int32_t>(capacity - 1);
+  idx[idx.size() - 2] = static_cast<int32_t>(capacity - 1);
+  ASSERT_TRUE(std::is_sorted(idx.begin(), idx.end()));
+  const int B = static_cast<int>(idx.size());
+  const auto prio = RandomUniform(rng, capacity, 0.1f, 1.0f);
+  ExpectLargestBWins(idx, DistinctCe(rng, B), prio, "sorted runs");
+  // Every sample in one slot, and all distinct.
+  ExpectLargestBWins(std::vector<int32_t>(B, 5), DistinctCe(rng, B), prio, "one slot");
+  std::vector<int32_t> distinct(B);
+  for (int b = 0; b < B; ++b) distinct[b] = 3 * b;
+  ExpectLargestBWins(distinct, DistinctCe(rng, B), prio, "distinct");
+}
+
+// The sampler's own output (capacity 1000, B 1024: many duplicates) through the
+// write-back.
+TEST(PriorityWriteBack, SampledIndicesLargestBWins) {
+  QS_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(43);
+  const int64_t capacity = 1000;
+  const int B = 1024;
+  auto prio = RandomUniform(rng, capacity, 0.01f, 1.0f);
+  for (int k = 0; k < 4; ++k) prio[rng() % capacity] = 50.0f;
+  kernels::DeviceState state;
+  state.t = 99;
+  state.replay_size = capacity;
+  DeviceArray<kernels::DeviceState> d_state(std::vector<kernels::DeviceState>{state});
+  DeviceArray<float> d_prio(prio);
+  DeviceArray<uint64_t> prefix(capacity);
+  size_t temp_bytes = 0;
+  QS_ASSERT_CUDA(kernels::PriorityScanTempBytes(capacity, &temp_bytes));
+  DeviceArray<char> temp(temp_bytes);
+  DeviceArray<int32_t> d_idx(B);
+  DeviceArray<float> d_w(B);
+  kernels::PrioritySampleArgs a;
+  a.priorities = d_prio.get();
+  a.prefix = prefix.get();
+  a.scan_temp = temp.get();
+  a.scan_temp_bytes = temp_bytes;
+  a.capacity = capacity;
+  a.fixed_shift = kernels::FixedPointShift(capacity);
+  a.state = d_state.get();
+  a.seed = 3;
+  a.batch = B;
+  a.beta_start = 0.4f;
+  a.beta_end = 1.0f;
+  a.indices = d_idx.get();
+  a.weights = d_w.get();
+  QS_ASSERT_CUDA(kernels::LaunchPrioritySample(a, nullptr));
+  const auto idx = d_idx.Download();
+  ASSERT_TRUE(std::is_sorted(idx.begin(), idx.end()));
+  std::vector<int32_t> unique_idx = idx;
+  unique_idx.erase(std::unique(unique_idx.begin(), unique_idx.end()), unique_idx.end());
+  ASSERT_LT(unique_idx.size(), idx.size()) << "the case must sample duplicates";
+  ExpectLargestBWins(idx, DistinctCe(rng, B), prio, "sampled");
+}
+
+// Unsorted indices (never produced by the sampler): the block-wide check sends
+// the write-back to the full scan, and the largest b still wins, including
+// duplicates that are not adjacent and a single inversion at the very end.
+TEST(PriorityWriteBack, UnsortedFallbackLargestBWins) {
+  QS_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(47);
+  const int64_t capacity = 3000;
+  const auto prio = RandomUniform(rng, capacity, 0.1f, 1.0f);
+  // 5 5 3 5 ...: the adjacent rule alone would let b=1 write slot 5 as well.
+  std::vector<int32_t> gaps = {5, 5, 3, 5, 7, 7, 3, 9};
+  ExpectLargestBWins(gaps, DistinctCe(rng, static_cast<int>(gaps.size())), prio, "non-adjacent duplicates");
+  // Sorted runs over 2 strides of the block, then one inversion in the last pair.
+  std::vector<int32_t> tail;
+  for (int b = 0; b < 2100; ++b) tail.push_back(static_cast<int32_t>(b / 4));
+  tail.back() = 0;  // slot 0's writers: b = 0..3 and the last b
+  ExpectLargestBWins(tail, DistinctCe(rng, static_cast<int>(tail.size())), prio, "last-pair inversion");
+  // Random with duplicates.
+  std::vector<int32_t> random(1500);
+  for (auto& i : random) i = static_cast<int32_t>(rng() % 500);
+  ExpectLargestBWins(random, DistinctCe(rng, static_cast<int>(random.size())), prio, "random");
+}
 
 class AdamTest : public ::testing::TestWithParam<int> {};  // param: target period
 

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "common/rng.h"
 #include "gtest/gtest.h"
-#include "trainer/rng.h"
 
 namespace qstream::cpu {
 namespace {

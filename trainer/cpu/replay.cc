@@ -5,7 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "trainer/rng.h"
+#include "common/rng.h"
 
 namespace qstream::cpu {
 

@@ -1,4 +1,5 @@
-// Counter-based random numbers shared by the CPU and CUDA backends, so both
+// Counter-based random numbers shared by the CPU and CUDA backends (host and
+// device code: trainer/cpu and kernels/ both include it), so both
 // draw the same stratified-sampling offsets for a (seed, step, index).
 #pragma once
 
