@@ -11,7 +11,6 @@
 // reference is measured (`qstream-bench learner`, same config and batch, run
 // as a child process before the daemon starts) or given — the ratio of the
 // daemon's learner rate to the graph-only rate.
-#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -499,7 +498,7 @@ absl::Status Run(const Flags& flags) {
   if (!last.ok()) return last.status();
   if (absl::Status st = CheckAlive(process, "qstreamd"); !st.ok()) return st;
 
-  const absl::Status load_status = load.Stop();
+  absl::Status load_status = load.Stop();
   process->Signal(SIGTERM);
   const std::optional<int> exit_status = process->Wait(kShutdownTimeout);
   g_child_pid = 0;

@@ -15,9 +15,9 @@
 #include "absl/time/clock.h"
 #include "bench/bench.h"
 #include "bench/load_streams.h"
+#include "qstream/version.h"
 #include "server/daemon.h"
 #include "trainer/config.h"
-#include "qstream/version.h"
 
 namespace qstream::bench {
 namespace {

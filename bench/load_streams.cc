@@ -154,6 +154,7 @@ LoadStreams::LoadStreams(const NetworkSpec& spec, const LoadOptions& options) {
     channels_.push_back(grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args));
     stubs_.push_back(std::make_unique<grpc::GenericStub>(channels_.back()));
     std::vector<grpc::Slice> bodies;
+    bodies.reserve(kBodiesPerStream);
     for (int k = 0; k < kBodiesPerStream; ++k) {
       bodies.emplace_back(MakeBody(spec, options.items_per_message, options.step_kind, &rng));
     }

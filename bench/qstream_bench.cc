@@ -10,10 +10,12 @@ namespace {
 void Usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s learner [--config=small,h200] [--batch=64,256] [--backend=auto|cpu|cuda]\n"
-               "                  [--steps=N] [--repeats=R] [--warmup=W] [--fill=N] [--peak_tflops=T] [--peak_gbps=G]\n"
+               "                  [--steps=N] [--repeats=R] [--warmup=W] [--fill=N]\n"
+               "                  [--peak_tflops=T] [--peak_gbps=G]\n"
                "       %s ingest [flags]   (see `%s ingest --help`)\n"
                "       %s e2e [flags]      (qstreamd child process + load streams; see `%s e2e --help`)\n"
-               "       %s checkpoint [--config=h200] [--backend=auto|cpu|cuda] [--rows=1000000] [--dir=D] [--repeats=3]\n",
+               "       %s checkpoint [--config=h200] [--backend=auto|cpu|cuda] [--rows=1000000] [--dir=D]\n"
+               "                  [--repeats=3]\n",
                argv0, argv0, argv0, argv0, argv0, argv0);
 }
 
