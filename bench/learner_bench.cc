@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -34,6 +35,8 @@ struct Flags {
   std::vector<std::string> configs = {"small"};
   std::vector<int> batches;  // empty: BENCH.md's batches of each config
   std::string backend = "auto";
+  std::vector<std::string> precisions;  // empty: the config's (tf32)
+  int64_t replay_capacity = 0;          // 0: the config's
   int64_t steps = 0;    // 0: per backend default
   int64_t warmup = -1;  // -1: steps / 5
   int repeats = 5;
@@ -78,6 +81,14 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f) {
       }
     } else if (name == "backend") {
       f->backend = value;
+    } else if (name == "precision") {
+      f->precisions = absl::StrSplit(value, ',', absl::SkipEmpty());
+      for (const std::string& p : f->precisions) {
+        v1::TrainerConfig::MatmulPrecision parsed;
+        if (!v1::TrainerConfig::MatmulPrecision_Parse(absl::AsciiStrToUpper(p), &parsed)) return bad();
+      }
+    } else if (name == "replay_capacity") {
+      if (!absl::SimpleAtoi(value, &f->replay_capacity) || f->replay_capacity < 1) return bad();
     } else if (name == "steps") {
       if (!absl::SimpleAtoi(value, &f->steps) || f->steps < 1) return bad();
     } else if (name == "warmup") {
@@ -228,10 +239,18 @@ std::string Quote(const std::string& s) {
   return out + "\"";
 }
 
-absl::Status RunCase(const Flags& flags, const std::string& config_name, int batch) {
+absl::Status RunCase(const Flags& flags, const std::string& config_name, int batch, const std::string& precision) {
   absl::StatusOr<v1::TrainerConfig> config = BenchConfig(config_name);
   if (!config.ok()) return config.status();
   config->mutable_replay()->set_batch_size(batch);
+  if (flags.replay_capacity > 0) config->mutable_replay()->set_capacity(flags.replay_capacity);
+  if (!precision.empty()) {
+    v1::TrainerConfig::MatmulPrecision p = v1::TrainerConfig::TF32;
+    if (!v1::TrainerConfig::MatmulPrecision_Parse(absl::AsciiStrToUpper(precision), &p)) {
+      return absl::InvalidArgumentError(absl::StrCat("--precision: unknown '", precision, "'"));
+    }
+    config->set_matmul_precision(p);
+  }
   config->set_seed(flags.seed);
   absl::StatusOr<BackendKind> kind = ParseBackendKind(flags.backend);
   if (!kind.ok()) return kind.status();
@@ -277,6 +296,7 @@ absl::Status RunCase(const Flags& flags, const std::string& config_name, int bat
   f["config"] = Quote(config_name);
   f["backend"] = Quote(b->name());
   f["device"] = Quote(b->device());
+  f["precision"] = Quote(absl::AsciiStrToLower(v1::TrainerConfig::MatmulPrecision_Name(MatmulPrecision(*config))));
   f["batch"] = absl::StrCat(batch);
   f["us_per_step"] = absl::StrCat(median);
   f["min"] = absl::StrCat(sorted.front());
@@ -292,7 +312,7 @@ absl::Status RunCase(const Flags& flags, const std::string& config_name, int bat
   f["peak_gbps"] = absl::StrCat(peak_gbps);
   f["floor_us"] = absl::StrCat(floor_us);
   f["achieved_tflops"] = absl::StrCat(flop / (median * 1e-6) / 1e12);
-  std::printf("%s\n", Json(f, {"bench", "config", "backend", "device", "batch", "us_per_step", "min", "max", "steps",
+  std::printf("%s\n", Json(f, {"bench", "config", "backend", "device", "precision", "batch", "us_per_step", "min", "max", "steps",
                                "repeats", "replay_size", "timer", "commit", "flop_per_step", "bytes_per_step",
                                "peak_tflops", "peak_gbps", "floor_us", "achieved_tflops"})
                           .c_str());
@@ -308,6 +328,7 @@ int RunLearnerBench(int argc, char** argv) {
     if (!absl::IsCancelled(s)) std::fprintf(stderr, "qstream-bench learner: %s\n", std::string(s.message()).c_str());
     std::fprintf(stderr,
                  "usage: qstream-bench learner [--config=small,h200] [--batch=64,256] [--backend=auto|cpu|cuda]\n"
+                 "  [--precision=fp32,tf32,bf16 (the config's: tf32)] [--replay_capacity=N (the config's)]\n"
                  "  [--steps=N (cpu %lld, cuda %lld)] [--repeats=R (5)] [--warmup=W (steps/5)] [--fill=N (capacity)]\n"
                  "  [--seed=S] [--peak_tflops=T (cpu %g, cuda %g)] [--peak_gbps=G (cpu %g, cuda %g)]\n",
                  static_cast<long long>(kCpuDefaultSteps), static_cast<long long>(kCudaDefaultSteps), kCpuPeakTflops,
@@ -316,11 +337,15 @@ int RunLearnerBench(int argc, char** argv) {
   }
   for (const std::string& config : flags.configs) {
     const std::vector<int> batches = flags.batches.empty() ? DefaultBatches(config) : flags.batches;
+    const std::vector<std::string> precisions =
+        flags.precisions.empty() ? std::vector<std::string>{""} : flags.precisions;
     for (int batch : batches) {
-      if (absl::Status s = RunCase(flags, config, batch); !s.ok()) {
-        std::fprintf(stderr, "qstream-bench learner: config=%s batch=%d: %s\n", config.c_str(), batch,
-                     s.ToString().c_str());
-        return 1;
+      for (const std::string& precision : precisions) {
+        if (absl::Status s = RunCase(flags, config, batch, precision); !s.ok()) {
+          std::fprintf(stderr, "qstream-bench learner: config=%s batch=%d precision=%s: %s\n", config.c_str(), batch,
+                       precision.c_str(), s.ToString().c_str());
+          return 1;
+        }
       }
     }
   }

@@ -1,9 +1,21 @@
 #include "kernels/c51_loss.h"
 
+#include <cuda_bf16.h>
+#include <mma.h>
+
 #include "kernels/warp_reduce.cuh"
 
 namespace qstream::kernels {
 namespace {
+
+// d logits as the backward's operand: fp32, TF32-rounded fp32 or bf16.
+__device__ __forceinline__ void StoreGrad(void* base, int64_t i, float v, Precision p) {
+  if (p == Precision::kBf16) {
+    static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<float*>(base)[i] = p == Precision::kTf32 ? nvcuda::wmma::__float_to_tf32(v) : v;
+  }
+}
 
 constexpr int kLossWarps = 4;
 
@@ -205,11 +217,11 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
     }
     ce = WarpSum(ce);
     for (int act = 0; act < n; ++act) {
-      float* out = a.da + int64_t{b} * AZ + (first + act) * Z;
+      const int64_t out = int64_t{b} * a.da_ld + (first + act) * Z;
 #pragma unroll
       for (int k = 0; k < kAtomsPerLane; ++k) {
         const int z = lane + 32 * k;
-        if (z < Z) out[z] = (act == taken ? dl[k] : 0.0f) - dl[k] / n;
+        if (z < Z) StoreGrad(a.da, out + z, (act == taken ? dl[k] : 0.0f) - dl[k] / n, a.grad_precision);
       }
     }
     if (lane == 0) {
@@ -225,7 +237,7 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
   for (int z = threadIdx.x; z < Z; z += blockDim.x) {
     float s = 0.0f;
     for (int br = 0; br < NB; ++br) s += sh_dl[br * Z + z];
-    a.dv[int64_t{b} * Z + z] = s;
+    StoreGrad(a.dv, int64_t{b} * a.dv_ld + z, s, a.grad_precision);
   }
   if (threadIdx.x == 0) {
     float ce = 0.0f, clip = 0.0f, qmin = INFINITY, qmax = -INFINITY, qsum = 0.0f, bad = 0.0f;
@@ -284,7 +296,10 @@ int AtomsPerLane(int atoms) {
   return k;
 }
 
-cudaError_t LaunchC51Loss(const C51LossArgs& a, cudaStream_t stream) {
+cudaError_t LaunchC51Loss(const C51LossArgs& args, cudaStream_t stream) {
+  C51LossArgs a = args;
+  if (a.dv_ld == 0) a.dv_ld = a.head.num_atoms;
+  if (a.da_ld == 0) a.da_ld = a.head.total_actions * a.head.num_atoms;
   const size_t smem = C51LossSharedBytes(a.head);
   switch (AtomsPerLane(a.head.num_atoms)) {
     case 1: C51LossKernel<1><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;

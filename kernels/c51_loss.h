@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/fused_mlp.h"
 #include "kernels/views.h"
 
 namespace qstream::kernels {
@@ -29,8 +30,14 @@ struct C51LossArgs {
   const float* rewards = nullptr;   // B
   const float* discounts = nullptr; // B
   const float* weights = nullptr;   // B, IS weights
-  float* dv = nullptr;        // B x Z: d loss / d V(s), written
-  float* da = nullptr;        // B x (total_actions * Z): d loss / d A(s), written
+  // d loss / d V(s) (B x Z) and d loss / d A(s) (B x total_actions * Z),
+  // written as grad_precision (fp32, TF32-rounded fp32 or bf16) with row
+  // strides dv_ld >= Z and da_ld >= total_actions * Z (0: dense; padding untouched).
+  void* dv = nullptr;
+  void* da = nullptr;
+  int dv_ld = 0;
+  int da_ld = 0;
+  Precision grad_precision = Precision::kFp32;
   float* ce = nullptr;        // B: CE_b averaged over branches, written
   float* clip_mass = nullptr; // B: target mass outside the support, summed over branches
   float* q_min = nullptr;     // B: over the total_actions Q_online(s)

@@ -113,8 +113,6 @@ class Backend {
   // Online parameters (flat layout of NetworkSpec). May synchronize.
   virtual std::vector<float> GetParams() = 0;
   virtual absl::Status SetParams(const std::vector<float>& params) = 0;
-  // Online-network Q-values, n x total_actions. May synchronize.
-  virtual absl::Status ComputeQ(const float* obs, int64_t n, std::vector<float>* q) = 0;
 
   // Copies the whole learner state (the replay only when include_replay) to
   // host memory; waits for the device. Called between steps.

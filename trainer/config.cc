@@ -45,8 +45,17 @@ bool Finite(double x) { return std::isfinite(x); }
 
 }  // namespace
 
+v1::TrainerConfig::MatmulPrecision MatmulPrecision(const v1::TrainerConfig& c) {
+  if (!c.has_matmul_precision() && c.has_allow_tf32() && !c.allow_tf32()) return v1::TrainerConfig::FP32;
+  return c.matmul_precision();
+}
+
 absl::Status ValidateConfig(const v1::TrainerConfig& c) {
   if (auto spec = NetworkSpec::Create(c.network()); !spec.ok()) return spec.status();
+  if (c.has_allow_tf32() && !c.allow_tf32() && c.has_matmul_precision() &&
+      c.matmul_precision() != v1::TrainerConfig::FP32) {
+    return Bad("matmul_precision", "contradicts allow_tf32: false (drop allow_tf32, it is deprecated)");
+  }
   const auto& o = c.optimizer();
   if (!Finite(o.lr()) || o.lr() <= 0) return Bad("optimizer.lr", "must be > 0");
   if (!(o.beta1() >= 0 && o.beta1() < 1)) return Bad("optimizer.beta1", "must be in [0, 1)");

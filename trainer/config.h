@@ -18,6 +18,10 @@ void FillDefaults(v1::TrainerConfig* config);
 // Checks every field's range; the error names the field ("replay.alpha: ...").
 absl::Status ValidateConfig(const v1::TrainerConfig& config);
 
+// The CUDA operand precision: matmul_precision, or FP32 when only the
+// deprecated allow_tf32: false is given.
+v1::TrainerConfig::MatmulPrecision MatmulPrecision(const v1::TrainerConfig& config);
+
 // Parses a text-format TrainerConfig, fills defaults and validates.
 absl::StatusOr<v1::TrainerConfig> ParseConfig(const std::string& text);
 absl::StatusOr<v1::TrainerConfig> LoadConfigFile(const std::string& path);

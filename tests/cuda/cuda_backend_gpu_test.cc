@@ -10,11 +10,14 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "tests/cuda/gpu_test_util.h"
 #include "trainer/config.h"
 #include "trainer/cpu/cpu_backend.h"
+#include "trainer/cpu/forward.h"
 
 namespace qstream {
 namespace {
@@ -22,7 +25,9 @@ namespace {
 using testing::RandomUniform;
 using testing::RelError;
 
-v1::TrainerConfig TestConfig(bool tf32) {
+using Precision = v1::TrainerConfig::MatmulPrecision;
+
+v1::TrainerConfig TestConfig(Precision precision) {
   v1::TrainerConfig c = DefaultConfig();
   auto* n = c.mutable_network();
   n->set_obs_dim(8);
@@ -40,7 +45,7 @@ v1::TrainerConfig TestConfig(bool tf32) {
   c.mutable_server()->set_stats_every(1);
   c.mutable_optimizer()->set_lr(1e-3f);
   c.set_seed(7);
-  c.set_allow_tf32(tf32);
+  c.set_matmul_precision(precision);
   return c;
 }
 
@@ -94,14 +99,43 @@ void ExpectStatsNear(const StepStats& got, const StepStats& want, double tol, in
   near(got.target_clip_fraction, want.target_clip_fraction, "target_clip_fraction");
 }
 
-class StepVsCpuTest : public ::testing::TestWithParam<bool> {};
+// Selects the network path for the backends created in its scope.
+class ScopedPath {
+ public:
+  explicit ScopedPath(bool cublas) : set_(cublas) {
+    if (set_) setenv("QSTREAM_CUDA_PATH", "cublas", 1);
+  }
+  ~ScopedPath() {
+    if (set_) unsetenv("QSTREAM_CUDA_PATH");
+  }
+
+ private:
+  const bool set_;
+};
+
+// Tolerance on the parameters after 20 steps against the fp32 CPU oracle.
+double StepTolerance(Precision p) {
+  switch (p) {
+    case v1::TrainerConfig::FP32: return 1e-5;
+    case v1::TrainerConfig::TF32: return 3e-3;
+    default: return 3e-2;
+  }
+}
+
+class StepVsCpuTest : public ::testing::TestWithParam<std::tuple<Precision, bool>> {};
 
 TEST_P(StepVsCpuTest, TwentyStepsMatchCpuBackend) {
   QS_SKIP_WITHOUT_GPU();
-  const bool tf32 = GetParam();
-  const double tol = tf32 ? 3e-3 : 1e-5;
-  const v1::TrainerConfig c = TestConfig(tf32);
+  const Precision precision = std::get<0>(GetParam());
+  const bool cublas = std::get<1>(GetParam());
+  const double tol = StepTolerance(precision);
+  const v1::TrainerConfig c = TestConfig(precision);
+  const ScopedPath path(cublas);
   auto gpu = MustCreate(c, true);
+  ASSERT_TRUE(gpu);
+  if (getenv("QSTREAM_CUDA_PATH") == nullptr) {
+    EXPECT_NE(gpu->device().find(cublas ? "[cublaslt" : "[fused"), std::string::npos) << gpu->device();
+  }
   auto cpu = MustCreate(c, false);
   ASSERT_TRUE(gpu && cpu);
   EXPECT_EQ(gpu->GetParams(), cpu->GetParams()) << "same seed, same init";
@@ -117,19 +151,27 @@ TEST_P(StepVsCpuTest, TwentyStepsMatchCpuBackend) {
     worst = std::max(worst, err);
     EXPECT_LE(err, tol) << "params after step " << step;
   }
-  std::cout << "[ info ] worst params rel error over 20 steps (tf32=" << tf32 << "): " << worst << "\n";
+  std::cout << "[ info ] worst params rel error over 20 steps (" << v1::TrainerConfig::MatmulPrecision_Name(precision)
+            << ", " << gpu->device() << "): " << worst << "\n";
   EXPECT_EQ(gpu->steps(), 20);
   EXPECT_EQ(gpu->guard_trips(), cpu->guard_trips());
   // The trained networks give the same Q-values.
   const TransitionColumns probe = RandomTransitions(c, 77, 3);
-  std::vector<float> q_gpu, q_cpu;
-  ASSERT_TRUE(gpu->ComputeQ(probe.obs.data(), probe.n, &q_gpu).ok());
-  ASSERT_TRUE(cpu->ComputeQ(probe.obs.data(), probe.n, &q_cpu).ok());
+  const std::vector<float> p_gpu = gpu->GetParams(), p_cpu = cpu->GetParams();
+  std::vector<float> q_gpu(size_t(probe.n) * gpu->spec().total_actions()), q_cpu(q_gpu.size());
+  ComputeQValues(gpu->spec(), p_gpu.data(), probe.obs.data(), probe.n, q_gpu.data());
+  ComputeQValues(cpu->spec(), p_cpu.data(), probe.obs.data(), probe.n, q_cpu.data());
   EXPECT_LE(RelError(q_gpu, q_cpu), tol);
 }
 
-INSTANTIATE_TEST_SUITE_P(Precision, StepVsCpuTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "Tf32" : "ExactFp32"; });
+INSTANTIATE_TEST_SUITE_P(Precision, StepVsCpuTest,
+                         ::testing::Combine(::testing::Values(v1::TrainerConfig::FP32, v1::TrainerConfig::TF32,
+                                                              v1::TrainerConfig::BF16),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return v1::TrainerConfig::MatmulPrecision_Name(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_Cublas" : "_Fused");
+                         });
 
 // A checkpointed state moves between backends: the CPU state after 10 steps
 // loaded into a fresh CUDA backend, and the CUDA state saved and loaded into
@@ -139,7 +181,7 @@ INSTANTIATE_TEST_SUITE_P(Precision, StepVsCpuTest, ::testing::Values(false, true
 TEST(CudaBackend, SaveLoadStateContinuesLikeCpu) {
   QS_SKIP_WITHOUT_GPU();
   const double tol = 1e-5;
-  const v1::TrainerConfig c = TestConfig(/*tf32=*/false);
+  const v1::TrainerConfig c = TestConfig(v1::TrainerConfig::FP32);
   auto cpu = MustCreate(c, false);
   auto gpu = MustCreate(c, true);
   ASSERT_TRUE(cpu && gpu);
@@ -179,26 +221,29 @@ TEST(CudaBackend, SaveLoadStateContinuesLikeCpu) {
 
 TEST(CudaBackend, TwoRunsBitwiseEqual) {
   QS_SKIP_WITHOUT_GPU();
-  const v1::TrainerConfig c = TestConfig(/*tf32=*/true);
-  std::vector<float> params[2];
-  StepStats stats[2];
-  for (int run = 0; run < 2; ++run) {
-    auto b = MustCreate(c, true);
-    ASSERT_TRUE(b);
-    Fill(b.get(), c);
-    for (int step = 0; step < 20; ++step) ASSERT_TRUE(b->Step().ok());
-    params[run] = b->GetParams();
-    stats[run] = b->last_stats();
+  for (Precision precision : {v1::TrainerConfig::FP32, v1::TrainerConfig::TF32, v1::TrainerConfig::BF16}) {
+    SCOPED_TRACE(v1::TrainerConfig::MatmulPrecision_Name(precision));
+    const v1::TrainerConfig c = TestConfig(precision);
+    std::vector<float> params[2];
+    StepStats stats[2];
+    for (int run = 0; run < 2; ++run) {
+      auto b = MustCreate(c, true);
+      ASSERT_TRUE(b);
+      Fill(b.get(), c);
+      for (int step = 0; step < 20; ++step) ASSERT_TRUE(b->Step().ok());
+      params[run] = b->GetParams();
+      stats[run] = b->last_stats();
+    }
+    ASSERT_EQ(params[0].size(), params[1].size());
+    EXPECT_EQ(std::memcmp(params[0].data(), params[1].data(), params[0].size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(&stats[0].loss, &stats[1].loss, sizeof(float)), 0);
+    EXPECT_EQ(stats[0].step, 20);
   }
-  ASSERT_EQ(params[0].size(), params[1].size());
-  EXPECT_EQ(std::memcmp(params[0].data(), params[1].data(), params[0].size() * sizeof(float)), 0);
-  EXPECT_EQ(std::memcmp(&stats[0].loss, &stats[1].loss, sizeof(float)), 0);
-  EXPECT_EQ(stats[0].step, 20);
 }
 
 TEST(CudaBackend, GuardSkipsPoisonedStepInGraph) {
   QS_SKIP_WITHOUT_GPU();
-  const v1::TrainerConfig c = TestConfig(true);
+  const v1::TrainerConfig c = TestConfig(v1::TrainerConfig::TF32);
   auto b = MustCreate(c, true);
   ASSERT_TRUE(b);
   TransitionColumns t = RandomTransitions(c, 200, 4);
@@ -215,7 +260,7 @@ TEST(CudaBackend, GuardSkipsPoisonedStepInGraph) {
 
 TEST(CudaBackend, StatsAndStepTimesArriveWithoutBlocking) {
   QS_SKIP_WITHOUT_GPU();
-  v1::TrainerConfig c = TestConfig(true);
+  v1::TrainerConfig c = TestConfig(v1::TrainerConfig::TF32);
   c.mutable_server()->set_stats_every(5);
   auto b = MustCreate(c, true);
   ASSERT_TRUE(b);
@@ -239,7 +284,7 @@ TEST(CudaBackend, StatsAndStepTimesArriveWithoutBlocking) {
 
 TEST(CudaBackend, RejectsEmptyReplayAndBadBatches) {
   QS_SKIP_WITHOUT_GPU();
-  const v1::TrainerConfig c = TestConfig(true);
+  const v1::TrainerConfig c = TestConfig(v1::TrainerConfig::TF32);
   auto b = MustCreate(c, true);
   ASSERT_TRUE(b);
   EXPECT_EQ(b->Step().code(), absl::StatusCode::kFailedPrecondition);

@@ -566,7 +566,7 @@ TEST_P(GemmTest, FusedLinearLayersMatchDouble) {
   QS_ASSERT_CUDA(cudaStreamCreate(&stream));
   {
     cuda::Gemm gemm;
-    ASSERT_TRUE(gemm.Init(stream, tf32).ok());
+    ASSERT_TRUE(gemm.Init(stream, tf32 ? kernels::Precision::kTf32 : kernels::Precision::kFp32).ok());
     DeviceArray<float> d_x0(x0), d_w0(w0), d_b0(b0), d_w1(w1), d_b1(b1), d_dy(dy);
     DeviceArray<float> d_h(size_t(rows) * mid), d_y(size_t(rows) * out), d_dh(size_t(rows) * mid), d_db0(mid),
         d_dw0(size_t(mid) * in0), d_dw1(size_t(out) * mid), d_db1(out);
@@ -609,7 +609,7 @@ TEST_P(GemmTest, PlainGemmsMatchDouble) {
   QS_ASSERT_CUDA(cudaStreamCreate(&stream));
   {
     cuda::Gemm gemm;
-    ASSERT_TRUE(gemm.Init(stream, tf32).ok());
+    ASSERT_TRUE(gemm.Init(stream, tf32 ? kernels::Precision::kTf32 : kernels::Precision::kFp32).ok());
     DeviceArray<float> d_x(x), d_w(w), d_dy(dy), d_dx(dx0), y(size_t(rows) * out), dw(size_t(out) * in);
     y.Poison();
     dw.Poison();

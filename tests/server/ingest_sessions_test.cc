@@ -77,9 +77,6 @@ class RecordingBackend final : public Backend {
   void DrainStepTimes(std::vector<std::pair<double, int64_t>>* out) override { inner_->DrainStepTimes(out); }
   std::vector<float> GetParams() override { return inner_->GetParams(); }
   absl::Status SetParams(const std::vector<float>& params) override { return inner_->SetParams(params); }
-  absl::Status ComputeQ(const float* obs, int64_t n, std::vector<float>* q) override {
-    return inner_->ComputeQ(obs, n, q);
-  }
   absl::Status SaveState(bool include_replay, BackendState* out) override {
     return inner_->SaveState(include_replay, out);
   }

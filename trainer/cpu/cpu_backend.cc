@@ -106,14 +106,6 @@ class CpuBackend : public Backend {
   }
   absl::Status SaveState(bool include_replay, BackendState* out) override;
   absl::Status LoadState(const BackendState& state, StateParts parts) override;
-  absl::Status ComputeQ(const float* obs, int64_t n, std::vector<float>* q) override {
-    if (n < 0) return absl::InvalidArgumentError("n must be >= 0");
-    q->resize(static_cast<size_t>(n) * spec_.total_actions());
-    absl::MutexLock lock(&mu_);
-    ComputeQValues(spec_, params_.data(), obs, n, q->data());
-    return absl::OkStatus();
-  }
-
  private:
   double Beta(int64_t t) const;
   void Gather() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

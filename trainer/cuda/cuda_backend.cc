@@ -22,6 +22,7 @@
 #include "trainer/cuda/cuda_status.h"
 #include "trainer/cuda/device_memory.h"
 #include "trainer/cuda/device_replay.h"
+#include "trainer/cuda/fused_network.h"
 #include "trainer/cuda/gemm.h"
 
 namespace qstream {
@@ -85,7 +86,7 @@ class CudaBackend final : public Backend {
   static absl::StatusOr<std::unique_ptr<Backend>> Create(const v1::TrainerConfig& config);
 
   std::string name() const override { return "cuda"; }
-  std::string device() const override { return device_name_; }
+  std::string device() const override { return device_name_ + " [" + path_ + "]"; }
   const NetworkSpec& spec() const override { return spec_; }
 
   absl::Status Insert(const TransitionColumns& batch) override {
@@ -122,7 +123,6 @@ class CudaBackend final : public Backend {
   absl::Status SetParams(const std::vector<float>& params) override;
   absl::Status SaveState(bool include_replay, BackendState* out) override;
   absl::Status LoadState(const BackendState& state, StateParts parts) override;
-  absl::Status ComputeQ(const float* obs, int64_t n, std::vector<float>* q) override;
 
  private:
   CudaBackend(const v1::TrainerConfig& config, NetworkSpec spec);
@@ -136,6 +136,8 @@ class CudaBackend final : public Backend {
   float* params() const { return net_params_.get(); }
   float* target() const { return net_params_.get() + target_offset_; }
   absl::Status EnqueueBackward();
+  // The loss over the logits the network pass wrote (fused or cuBLASLt).
+  absl::Status EnqueueLoss();
   absl::Status EnqueueStatsCopy() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HarvestStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status OpenWindow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -146,11 +148,15 @@ class CudaBackend final : public Backend {
   const int B_;
   const int stats_every_;
   kernels::HeadShape head_;
+  const kernels::Precision precision_;
   std::string device_name_;
+  std::string path_;  // which network path runs, and why
 
   mutable absl::Mutex mu_;
   cuda::Stream stream_;
   cuda::Gemm gemm_;
+  // The fused network passes; null when the cuBLASLt path runs.
+  std::unique_ptr<cuda::FusedNetwork> fused_;
   DeviceBuffer<kernels::DeviceState> state_;
   std::unique_ptr<cuda::DeviceReplay> replay_;
 
@@ -172,7 +178,6 @@ class CudaBackend final : public Backend {
   DeviceBuffer<uint64_t> prefix_;
   DeviceBuffer<char> scan_temp_;
   int fixed_shift_ = 0;
-  DeviceBuffer<float> q_values_;  // 2B x total_actions, ComputeQ
 
   // Bias/ReLU folded into cuBLASLt epilogues; false when cuBLASLt offers no
   // algorithm for them here, then small kernels do that work.
@@ -210,6 +215,7 @@ CudaBackend::CudaBackend(const v1::TrainerConfig& config, NetworkSpec spec)
       spec_(std::move(spec)),
       B_(config.replay().batch_size()),
       stats_every_(std::max(1, config.server().stats_every())),
+      precision_(static_cast<kernels::Precision>(MatmulPrecision(config))),
       latest_trips_(kNumGuardReasons, 0) {
   head_.num_atoms = spec_.num_atoms;
   head_.num_branches = spec_.num_branches();
@@ -250,7 +256,7 @@ absl::Status CudaBackend::Init() {
   device_name_ = prop.name;
 
   QS_RETURN_IF_ERROR(cuda::CreateStream(&stream_));
-  QS_RETURN_IF_ERROR(gemm_.Init(stream_.get(), config_.allow_tf32()));
+  QS_RETURN_IF_ERROR(gemm_.Init(stream_.get(), precision_));
   QS_RETURN_IF_ERROR(state_.Allocate(1));
   const kernels::DeviceState initial;
   QS_CUDA_CHECK(cudaMemcpy(state_.get(), &initial, sizeof(initial), cudaMemcpyHostToDevice));
@@ -286,13 +292,13 @@ absl::Status CudaBackend::Init() {
   QS_RETURN_IF_ERROR(d_adv_hidden_.Allocate(size_t(B) * spec_.head_hidden));
   d_trunk_.resize(spec_.trunk.size());
   for (size_t k = 0; k < spec_.trunk.size(); ++k) QS_RETURN_IF_ERROR(d_trunk_[k].Allocate(size_t(B) * spec_.trunk[k].out));
+  static_assert(kernels::kMaxGradTiles <= kernels::kNormBlocks, "weight-gradient tiles write the norm partials");
   QS_RETURN_IF_ERROR(norm_partials_.Allocate(kernels::kNormBlocks));
   QS_RETURN_IF_ERROR(prefix_.Allocate(capacity));
   size_t temp_bytes = 0;
   QS_CUDA_CHECK(kernels::PriorityScanTempBytes(capacity, &temp_bytes));
   QS_RETURN_IF_ERROR(scan_temp_.Allocate(std::max<size_t>(temp_bytes, 1)));
   fixed_shift_ = kernels::FixedPointShift(capacity);
-  QS_RETURN_IF_ERROR(q_values_.Allocate(size_t(2 * B) * spec_.total_actions()));
 
   QS_RETURN_IF_ERROR(stats_host_.Allocate(kStatsSlots));
   stats_copied_.resize(kStatsSlots);
@@ -304,6 +310,31 @@ absl::Status CudaBackend::Init() {
     QS_RETURN_IF_ERROR(cuda::CreateEvent(&windows_[i].end, /*timing=*/true));
     free_windows_.push_back(i);
   }
+
+  // The fused network passes where they fit (and are not switched off), else cuBLASLt.
+  static_assert(int(kernels::Precision::kBf16) == v1::TrainerConfig::BF16 &&
+                int(kernels::Precision::kTf32) == v1::TrainerConfig::TF32 &&
+                int(kernels::Precision::kFp32) == v1::TrainerConfig::FP32);
+  static const char* const kPrecisionNames[] = {"fp32", "tf32", "bf16"};
+  const char* precision_name = kPrecisionNames[static_cast<int>(precision_)];
+  std::string why_not = cuda::FusedNetwork::Unsupported(spec_, B, precision_, prop.sharedMemPerBlockOptin);
+  if (prop.major < 8) why_not = absl::StrCat("compute capability ", prop.major, ".", prop.minor, " < 8.0");
+  if (const char* p = std::getenv("QSTREAM_CUDA_PATH"); p != nullptr && std::string(p) == "cublas") {
+    why_not = "QSTREAM_CUDA_PATH=cublas";
+  }
+  if (why_not.empty()) {
+    fused_ = std::make_unique<cuda::FusedNetwork>();
+    cuda::FusedNetworkIo io;
+    io.params = params();
+    io.target = target();
+    io.grads = grads_.get();
+    io.x = x_.get();
+    io.norm_partials = norm_partials_.get();
+    QS_RETURN_IF_ERROR(fused_->Init(spec_, B, precision_, io, stream_.get()));
+    path_ = absl::StrCat("fused ", precision_name);
+    return CaptureStep();
+  }
+  path_ = absl::StrCat("cublaslt ", precision_name, "; fused path off: ", why_not);
 
   // cuBLASLt picks and loads its kernels on first use; do that outside
   // capture (on zero-filled buffers, so nothing observable changes), and
@@ -388,37 +419,28 @@ absl::Status CudaBackend::EnqueueStep() {
   gather.discounts = discounts_.get();
   QS_CUDA_CHECK(kernels::LaunchGather(gather, s));
 
-  // 3. Online forward on [s; s'] (2B rows) and target forward on s', one
-  //    strided-batch GEMM per layer.
-  QS_RETURN_IF_ERROR(EnqueueForward(params(), x_.get(), int64_t{B} * spec_.obs_dim, 2, &acts_));
-
-  // 4-7. Dueling softmax, double DQN, projection, CE, d logits, Q stats.
-  kernels::C51LossArgs loss;
-  loss.head = head_;
-  loss.batch = B;
-  loss.online_v = acts_.value.get();
-  loss.online_a = acts_.adv.get();
-  loss.target_v = acts_.value.get() + acts_.stride(spec_.num_atoms);
-  loss.target_a = acts_.adv.get() + acts_.stride(spec_.adv_out.out);
-  loss.actions = actions_.get();
-  loss.rewards = rewards_.get();
-  loss.discounts = discounts_.get();
-  loss.weights = weights_.get();
-  loss.dv = d_value_.get();
-  loss.da = d_adv_.get();
-  loss.ce = ce_.get();
-  loss.clip_mass = clip_mass_.get();
-  loss.q_min = q_min_.get();
-  loss.q_max = q_max_.get();
-  loss.q_sum = q_sum_.get();
-  loss.q_bad = q_bad_.get();
-  QS_CUDA_CHECK(kernels::LaunchC51Loss(loss, s));
-
-  // 8. Backward through heads and trunk into the flat gradient buffer.
-  QS_RETURN_IF_ERROR(EnqueueBackward());
+  if (fused_ != nullptr) {
+    // 3. Online forward on s and s', target forward on s': one kernel, from
+    //    this step's packed operand copy of both networks.
+    QS_RETURN_IF_ERROR(fused_->EnqueuePack(s));
+    QS_RETURN_IF_ERROR(fused_->EnqueueForward(s));
+    // 4-7. Dueling softmax, double DQN, projection, CE, d logits, Q stats.
+    QS_RETURN_IF_ERROR(EnqueueLoss());
+    // 8. Data gradients (one kernel), then weight gradients with the
+    //    grad-norm partials (one kernel).
+    QS_RETURN_IF_ERROR(fused_->EnqueueBackward(s));
+  } else {
+    // 3. Online forward on [s; s'] (2B rows) and target forward on s', one
+    //    strided-batch GEMM per layer.
+    QS_RETURN_IF_ERROR(EnqueueForward(params(), x_.get(), int64_t{B} * spec_.obs_dim, 2, &acts_));
+    // 4-7.
+    QS_RETURN_IF_ERROR(EnqueueLoss());
+    // 8. Backward through heads and trunk into the flat gradient buffer.
+    QS_RETURN_IF_ERROR(EnqueueBackward());
+    QS_CUDA_CHECK(kernels::LaunchGradSumSquares(grads_.get(), spec_.num_params, norm_partials_.get(), s));
+  }
 
   // 9. Global grad norm, guard, statistics (+ step 11, below).
-  QS_CUDA_CHECK(kernels::LaunchGradSumSquares(grads_.get(), spec_.num_params, norm_partials_.get(), s));
   kernels::FinalizeArgs fin;
   fin.norm_partials = norm_partials_.get();
   fin.ce = ce_.get();
@@ -464,6 +486,43 @@ absl::Status CudaBackend::EnqueueStep() {
   adam.state = state_.get();
   QS_CUDA_CHECK(kernels::LaunchAdamTarget(adam, s));
 
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::EnqueueLoss() {
+  const int B = B_;
+  kernels::C51LossArgs loss;
+  loss.head = head_;
+  loss.batch = B;
+  if (fused_ != nullptr) {
+    loss.online_v = fused_->value_logits();
+    loss.online_a = fused_->adv_logits();
+    loss.target_v = fused_->value_logits() + int64_t{2} * B * spec_.num_atoms;
+    loss.target_a = fused_->adv_logits() + int64_t{2} * B * spec_.adv_out.out;
+    loss.dv = fused_->d_value();
+    loss.da = fused_->d_adv();
+    loss.dv_ld = fused_->d_value_ld();
+    loss.da_ld = fused_->d_adv_ld();
+    loss.grad_precision = precision_;
+  } else {
+    loss.online_v = acts_.value.get();
+    loss.online_a = acts_.adv.get();
+    loss.target_v = acts_.value.get() + acts_.stride(spec_.num_atoms);
+    loss.target_a = acts_.adv.get() + acts_.stride(spec_.adv_out.out);
+    loss.dv = d_value_.get();
+    loss.da = d_adv_.get();
+  }
+  loss.actions = actions_.get();
+  loss.rewards = rewards_.get();
+  loss.discounts = discounts_.get();
+  loss.weights = weights_.get();
+  loss.ce = ce_.get();
+  loss.clip_mass = clip_mass_.get();
+  loss.q_min = q_min_.get();
+  loss.q_max = q_max_.get();
+  loss.q_sum = q_sum_.get();
+  loss.q_bad = q_bad_.get();
+  QS_CUDA_CHECK(kernels::LaunchC51Loss(loss, stream_.get()));
   return absl::OkStatus();
 }
 
@@ -689,30 +748,6 @@ absl::Status CudaBackend::SetParams(const std::vector<float>& values) {
   QS_CUDA_CHECK(cudaMemcpyAsync(params(), values.data(), bytes, cudaMemcpyHostToDevice, stream_.get()));
   QS_CUDA_CHECK(cudaMemcpyAsync(target(), values.data(), bytes, cudaMemcpyHostToDevice, stream_.get()));
   QS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::ComputeQ(const float* obs, int64_t n, std::vector<float>* q) {
-  if (n < 0) return absl::InvalidArgumentError("n must be >= 0");
-  const int ta = spec_.total_actions();
-  q->resize(static_cast<size_t>(n) * ta);
-  absl::MutexLock lock(&mu_);
-  // Runs in the step's own buffers, ordered on the same stream.
-  const int64_t chunk = acts_.rows;
-  Activations& acts = acts_;
-  for (int64_t first = 0; first < n; first += chunk) {
-    const int rows = static_cast<int>(std::min(chunk, n - first));
-    QS_CUDA_CHECK(cudaMemcpyAsync(x_.get(), obs + first * spec_.obs_dim, sizeof(float) * rows * spec_.obs_dim,
-                                  cudaMemcpyHostToDevice, stream_.get()));
-    acts.rows = rows;
-    const absl::Status fwd = EnqueueForward(params(), x_.get(), 0, 1, &acts);
-    acts.rows = static_cast<int>(chunk);
-    QS_RETURN_IF_ERROR(fwd);
-    QS_CUDA_CHECK(kernels::LaunchQValues(head_, acts.value.get(), acts.adv.get(), rows, q_values_.get(), stream_.get()));
-    QS_CUDA_CHECK(cudaMemcpyAsync(q->data() + first * ta, q_values_.get(), sizeof(float) * rows * ta,
-                                  cudaMemcpyDeviceToHost, stream_.get()));
-    QS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-  }
   return absl::OkStatus();
 }
 

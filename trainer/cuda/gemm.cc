@@ -42,10 +42,12 @@ Gemm::~Gemm() {
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
 
-absl::Status Gemm::Init(cudaStream_t stream, bool allow_tf32) {
+absl::Status Gemm::Init(cudaStream_t stream, kernels::Precision precision) {
   QS_CUDA_CHECK(cublasLtCreate(&handle_));
   stream_ = stream;
-  compute_ = allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  compute_ = precision == kernels::Precision::kTf32   ? CUBLAS_COMPUTE_32F_FAST_TF32
+             : precision == kernels::Precision::kBf16 ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                                      : CUBLAS_COMPUTE_32F;
   return workspace_.Allocate(kWorkspaceBytes);
 }
 

@@ -7,7 +7,8 @@
 //   BackwardData:   dX = dY W (+ beta dX)       optional DRELU_BGRAD: dX *= relu'(mask),
 //                                               bias grad of the layer below = sum_rows dX
 //   BackwardWeight: dW = dY^T X                 optional BGRADB: db = sum_rows dY
-// TF32 tensor cores when allowed, else exact fp32 (CUBLAS_COMPUTE_32F).
+// Compute type from the operand precision: exact fp32 (CUBLAS_COMPUTE_32F),
+// TF32 or bf16 tensor cores (the _FAST_ compute types).
 // A plan (descriptors + heuristic algorithm) is made per call: the step is
 // enqueued once, into the captured graph, so this host work is not per step.
 #pragma once
@@ -18,6 +19,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/fused_mlp.h"
 #include "trainer/cuda/device_memory.h"
 
 namespace qstream::cuda {
@@ -47,7 +49,7 @@ class Gemm {
   Gemm& operator=(const Gemm&) = delete;
   ~Gemm();
 
-  absl::Status Init(cudaStream_t stream, bool allow_tf32);
+  absl::Status Init(cudaStream_t stream, kernels::Precision precision);
 
   // y = x W^T + b, then ReLU when relu; mask.bits != nullptr stores the ReLU mask.
   // b == nullptr: plain y = x W^T (bias and ReLU left to the caller).

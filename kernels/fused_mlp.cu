@@ -1,0 +1,574 @@
+#include "kernels/fused_mlp.h"
+
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <type_traits>
+
+namespace qstream::kernels {
+namespace {
+
+namespace wmma = nvcuda::wmma;
+
+constexpr int kWarps = kFusedThreads / 32;
+constexpr int kSkew = 8;  // elements added to every shared row (bank spread, keeps 32-byte alignment)
+constexpr int kBLd = kFusedChunkN + kSkew;
+constexpr int kALd = kFusedSlabK + kSkew;
+constexpr int kGLd = kGradTile + kSkew;
+constexpr int kStageLd = 16;  // per-warp accumulator staging, 16 x 16 floats
+
+template <int P>
+using Elem = std::conditional_t<P == int(Precision::kBf16), __nv_bfloat16, float>;
+
+template <int P>
+__device__ __forceinline__ Elem<P> Round(float v) {
+  if constexpr (P == int(Precision::kBf16)) {
+    return __float2bfloat16_rn(v);
+  } else if constexpr (P == int(Precision::kTf32)) {
+    return wmma::__float_to_tf32(v);
+  } else {
+    return v;
+  }
+}
+
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// 16 bytes global -> shared, asynchronously; zero-filled when !valid.
+__device__ __forceinline__ void CopyAsync16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void CommitAsync() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void WaitAsync() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// rows x cols elements (cols a multiple of 16 bytes' worth) of src[r][ld]
+// into dst[r][dst_ld]; rows >= valid_rows and columns >= valid_cols read 0.
+template <class T>
+__device__ __forceinline__ void StageTile(T* dst, int dst_ld, const T* src, int ld, int rows, int cols,
+                                          int valid_rows, int valid_cols) {
+  constexpr int kPer = 16 / sizeof(T);
+  const int per_row = cols / kPer;
+  for (int i = threadIdx.x; i < rows * per_row; i += blockDim.x) {
+    const int r = i / per_row;
+    const int c = (i % per_row) * kPer;
+    const bool valid = r < valid_rows && c < valid_cols;
+    CopyAsync16(dst + r * dst_ld + c, valid ? src + int64_t{r} * ld + c : src, valid);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Fused chain: block = kRows rows of one pass through all of its ops.
+//
+// One software pipeline runs over the whole pass: stage g is (op, chunk of
+// kFusedChunkN output columns, K slab of kFusedSlabK), its B slab (and A slab
+// for a global A) copied by cp.async kStages - 1 stages ahead, so the next
+// op's weights stream in while this op finishes.
+
+template <int P>
+constexpr int ChainStages() {
+  return P == int(Precision::kBf16) ? 4 : 3;
+}
+
+template <int P, int kRows>
+struct ChainShared {
+  using T = Elem<P>;
+  static constexpr int kStages = ChainStages<P>();
+  T* buf[2];
+  T* a_stage[kStages];
+  T* b_stage[kStages];
+  float* acc_stage;  // kWarps x 16 x 16
+
+  __device__ ChainShared(char* base, int buf_ld) {
+    T* p = reinterpret_cast<T*>(base);
+    buf[0] = p;
+    buf[1] = p + kRows * buf_ld;
+    p += 2 * kRows * buf_ld;
+    for (int i = 0; i < kStages; ++i) a_stage[i] = p + i * kRows * kALd;
+    p += kStages * kRows * kALd;
+    for (int i = 0; i < kStages; ++i) b_stage[i] = p + i * kFusedSlabK * kBLd;
+    p += kStages * kFusedSlabK * kBLd;
+    acc_stage = reinterpret_cast<float*>(p);
+  }
+  static size_t Bytes(int buf_ld) {
+    return sizeof(T) * (2 * kRows * buf_ld + kStages * kRows * kALd + kStages * kFusedSlabK * kBLd) +
+           sizeof(float) * kWarps * 16 * kStageLd;
+  }
+};
+
+// One output element of an op: bias, activation, stores. `v` is the fp32 sum.
+template <int P>
+__device__ __forceinline__ void EmitElement(const FusedOp& op, const FusedPass& pass, Elem<P>* out_buf, int buf_ld,
+                                            int r, int grow, int n, float v) {
+  using T = Elem<P>;
+  const bool row_ok = grow < pass.rows;
+  if (n < op.n) {
+    if (op.bias != nullptr) v += op.bias[n];
+    if (op.act == kActRelu) {
+      v = v < 0.0f ? 0.0f : v;  // NaN stays NaN, as the CPU oracle's max
+    } else if (op.act == kActMask) {
+      const float m = row_ok ? ToFloat(static_cast<const T*>(op.mask)[int64_t{grow} * op.mask_ld + n]) : 0.0f;
+      v = m > 0.0f ? v : 0.0f;
+    }
+  } else {
+    v = 0.0f;
+  }
+  const T rv = Round<P>(v);
+  if (out_buf != nullptr) out_buf[r * buf_ld + op.out_col + n] = rv;
+  if (row_ok) {
+    if (op.out_op != nullptr) static_cast<T*>(op.out_op)[int64_t{grow} * op.out_op_ld + n] = rv;
+    if (op.out_f32 != nullptr && n < op.n) op.out_f32[int64_t{grow} * op.out_f32_ld + n] = v;
+  }
+}
+
+__device__ __forceinline__ int OpSlabs(const FusedOp& op) { return (op.kp + kFusedSlabK - 1) / kFusedSlabK; }
+__device__ __forceinline__ int OpStages(const FusedOp& op) {
+  return OpSlabs(op) * ((op.np + kFusedChunkN - 1) / kFusedChunkN);
+}
+
+template <int P, int kRows>
+__global__ void __launch_bounds__(kFusedThreads) FusedChainKernel(const FusedProgram* __restrict__ prog) {
+  using T = Elem<P>;
+  using Shared = ChainShared<P, kRows>;
+  constexpr int kStages = Shared::kStages;
+  constexpr bool kTensor = P != int(Precision::kFp32);
+  constexpr int kK = P == int(Precision::kBf16) ? 16 : 8;  // wmma k
+  constexpr int kRowTiles = kRows / 16;
+  constexpr int kMr = kRows / kWarps;       // SIMT rows per thread
+  constexpr int kCols = kFusedChunkN / 32;  // SIMT columns per thread
+  extern __shared__ __align__(128) char smem[];
+  __shared__ FusedPass pass;
+  __shared__ int pass_index;
+  __shared__ int stage_begin[kFusedMaxOps + 1];
+  if (threadIdx.x == 0) {
+    int p = 0;
+    while (p + 1 < prog->num_passes && static_cast<int>(blockIdx.x) >= prog->passes[p + 1].first_block) ++p;
+    pass_index = p;
+  }
+  __syncthreads();
+  {
+    const int4* src = reinterpret_cast<const int4*>(&prog->passes[pass_index]);
+    int4* dst = reinterpret_cast<int4*>(&pass);
+    for (int i = threadIdx.x; i < static_cast<int>(sizeof(FusedPass) / sizeof(int4)); i += blockDim.x) dst[i] = src[i];
+  }
+  const int buf_ld = prog->buf_ld;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    stage_begin[0] = 0;
+    for (int o = 0; o < pass.num_ops; ++o) stage_begin[o + 1] = stage_begin[o] + OpStages(pass.ops[o]);
+  }
+  Shared sh(smem, buf_ld);
+  const int row0 = (static_cast<int>(blockIdx.x) - pass.first_block) * kRows;
+  const int valid_rows = pass.rows - row0;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  __syncthreads();
+  const int total = stage_begin[pass.num_ops];
+
+  auto locate = [&](int g, int* o, int* s) {
+    int k = 0;
+    while (g >= stage_begin[k + 1]) ++k;
+    *o = k;
+    *s = g - stage_begin[k];
+  };
+  auto issue = [&](int g) {
+    if (g < total) {
+      int o, st;
+      locate(g, &o, &st);
+      const FusedOp& op = pass.ops[o];
+      const int slabs = OpSlabs(op);
+      const int k0 = (st % slabs) * kFusedSlabK;
+      const int n0 = (st / slabs) * kFusedChunkN;
+      const int nc = min(kFusedChunkN, op.np - n0);
+      const int slot = g % kStages;
+      StageTile<T>(sh.b_stage[slot], kBLd, static_cast<const T*>(op.b) + int64_t{k0} * op.np + n0, op.np, kFusedSlabK,
+                   nc, op.kp - k0, nc);
+      if (op.a_buf < 0) {
+        StageTile<T>(sh.a_stage[slot], kALd, static_cast<const T*>(op.a_global) + int64_t{row0} * op.a_ld + k0,
+                     op.a_ld, kRows, kFusedSlabK, valid_rows, op.a_cols - k0);
+      }
+    }
+    CommitAsync();  // an empty group past the end keeps the counting uniform
+  };
+
+  // The input rows, converted into the operand type.
+  if (pass.in != nullptr) {
+    T* dst = sh.buf[pass.in_buf];
+    for (int i = threadIdx.x; i < kRows * pass.in_kp; i += blockDim.x) {
+      const int r = i / pass.in_kp;
+      const int c = i % pass.in_kp;
+      const int grow = row0 + r;
+      const float v = grow < pass.rows && c < pass.in_cols ? pass.in[int64_t{grow} * pass.in_ld + c] : 0.0f;
+      const T rv = Round<P>(v);
+      dst[r * buf_ld + c] = rv;
+      if (pass.in_copy != nullptr && grow < pass.rows) {
+        static_cast<T*>(pass.in_copy)[int64_t{grow} * pass.in_copy_ld + c] = rv;
+      }
+    }
+  }
+
+  wmma::fragment<wmma::accumulator, 16, 16, kK, float> acc[kRowTiles];
+  float sacc[kMr][kCols];
+  auto clear = [&]() {
+    if constexpr (kTensor) {
+#pragma unroll
+      for (int i = 0; i < kRowTiles; ++i) wmma::fill_fragment(acc[i], 0.0f);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kMr; ++i)
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) sacc[i][j] = 0.0f;
+    }
+  };
+  clear();
+  for (int g = 0; g < kStages - 1; ++g) issue(g);
+  for (int g = 0; g < total; ++g) {
+    WaitAsync<kStages - 2>();
+    __syncthreads();  // stage g landed for all; stage g-1's slot is free; earlier epilogues visible
+    issue(g + kStages - 1);
+    int o, st;
+    locate(g, &o, &st);
+    const FusedOp& op = pass.ops[o];
+    const int slabs = OpSlabs(op);
+    const int slab = st % slabs;
+    const int k0 = slab * kFusedSlabK;
+    const int kvalid = min(kFusedSlabK, op.kp - k0);
+    const int n0 = (st / slabs) * kFusedChunkN;
+    const int nc = min(kFusedChunkN, op.np - n0);
+    const int slot = g % kStages;
+    const bool a_global = op.a_buf < 0;
+    const T* a_tile = a_global ? sh.a_stage[slot] : sh.buf[op.a_buf] + op.a_col + k0;
+    const int a_ld = a_global ? kALd : buf_ld;
+    const T* b_tile = sh.b_stage[slot];
+    if constexpr (kTensor) {
+      using Prec = std::conditional_t<kK == 8, wmma::precision::tf32, __nv_bfloat16>;
+      if (warp * 16 < nc) {
+#pragma unroll 4
+        for (int kk = 0; kk < kvalid; kk += kK) {
+          wmma::fragment<wmma::matrix_b, 16, 16, kK, Prec, wmma::row_major> bf;
+          wmma::load_matrix_sync(bf, b_tile + kk * kBLd + warp * 16, kBLd);
+#pragma unroll
+          for (int i = 0; i < kRowTiles; ++i) {
+            wmma::fragment<wmma::matrix_a, 16, 16, kK, Prec, wmma::row_major> af;
+            wmma::load_matrix_sync(af, a_tile + (i * 16) * a_ld + kk, a_ld);
+            wmma::mma_sync(acc[i], af, bf, acc[i]);
+          }
+        }
+      }
+    } else {
+      // Thread (warp, lane): rows warp*kMr.., columns lane*4..+4 of the chunk.
+      if (lane * 4 < nc) {
+#pragma unroll 4
+        for (int kk = 0; kk < kvalid; ++kk) {
+          const float4 bv = *reinterpret_cast<const float4*>(b_tile + kk * kBLd + lane * 4);
+#pragma unroll
+          for (int i = 0; i < kMr; ++i) {
+            const float av = a_tile[(warp * kMr + i) * a_ld + kk];
+            sacc[i][0] += av * bv.x;
+            sacc[i][1] += av * bv.y;
+            sacc[i][2] += av * bv.z;
+            sacc[i][3] += av * bv.w;
+          }
+        }
+      }
+    }
+    if (slab == slabs - 1) {
+      // Epilogue of this chunk: the accumulators are final.
+      T* out_buf = op.out_buf >= 0 ? sh.buf[op.out_buf] : nullptr;
+      if constexpr (kTensor) {
+        if (warp * 16 < nc) {
+          float* stg = sh.acc_stage + warp * 16 * kStageLd;
+#pragma unroll
+          for (int i = 0; i < kRowTiles; ++i) {
+            wmma::store_matrix_sync(stg, acc[i], kStageLd, wmma::mem_row_major);
+            __syncwarp();
+            for (int e = lane; e < 256; e += 32) {
+              const int r = i * 16 + e / 16;
+              const int n = n0 + warp * 16 + e % 16;
+              EmitElement<P>(op, pass, out_buf, buf_ld, r, row0 + r, n, stg[(e / 16) * kStageLd + e % 16]);
+            }
+            __syncwarp();
+          }
+        }
+      } else {
+        if (lane * 4 < nc) {
+#pragma unroll
+          for (int i = 0; i < kMr; ++i) {
+            const int r = warp * kMr + i;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              EmitElement<P>(op, pass, out_buf, buf_ld, r, row0 + r, n0 + lane * 4 + j, sacc[i][j]);
+            }
+          }
+        }
+      }
+      clear();
+    }
+  }
+  WaitAsync<0>();
+}
+
+// ---------------------------------------------------------------------------
+// Weight gradients: one block per 64 x 64 tile of one job's dW, K = rows.
+
+template <int P>
+constexpr int GradStages() {
+  return P == int(Precision::kBf16) ? 4 : 3;
+}
+
+template <int P>
+constexpr size_t GradSharedBytes() {
+  return sizeof(Elem<P>) * GradStages<P>() * 2 * kFusedSlabK * kGLd;
+}
+
+template <int P>
+__global__ void __launch_bounds__(kFusedThreads) WeightGradKernel(const GradProgram* __restrict__ prog,
+                                                                  float* __restrict__ partials) {
+  using T = Elem<P>;
+  constexpr bool kTensor = P != int(Precision::kFp32);
+  constexpr int kK = P == int(Precision::kBf16) ? 16 : 8;
+  constexpr int kStages = GradStages<P>();
+  extern __shared__ __align__(128) char smem[];
+  // Per stage: dY slab (rows x out columns), then X slab (rows x in columns).
+  T* stages = reinterpret_cast<T*>(smem);
+  __shared__ __align__(128) float c_stage[kWarps][16 * kStageLd];
+  __shared__ float colsum[kGradTile];
+  __shared__ float warp_sq[kWarps];
+  const GradTile tile = prog->tiles[blockIdx.x];
+  const GradJob job = prog->jobs[tile.job];
+  const int rows = prog->rows;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const T* dy = static_cast<const T*>(job.dy) + tile.m0;
+  const T* x = static_cast<const T*>(job.x) + tile.n0;
+  const bool bias_tile = tile.n0 == 0;
+  const int slabs = (rows + kFusedSlabK - 1) / kFusedSlabK;
+  auto a_of = [&](int slot) { return stages + slot * 2 * kFusedSlabK * kGLd; };
+  auto x_of = [&](int slot) { return stages + (slot * 2 + 1) * kFusedSlabK * kGLd; };
+  auto issue = [&](int s) {
+    if (s < slabs) {
+      const int r0 = s * kFusedSlabK;
+      StageTile<T>(a_of(s % kStages), kGLd, dy + int64_t{r0} * job.dy_ld, job.dy_ld, kFusedSlabK, kGradTile, rows - r0,
+                   job.dy_cols - tile.m0);
+      StageTile<T>(x_of(s % kStages), kGLd, x + int64_t{r0} * job.x_ld, job.x_ld, kFusedSlabK, kGradTile, rows - r0,
+                   job.x_cols - tile.n0);
+    }
+    CommitAsync();
+  };
+  // Tensor path: warp w owns m fragment w % 4 and n fragments 2 (w / 4) + {0, 1}.
+  using Prec = std::conditional_t<kK == 8, wmma::precision::tf32, __nv_bfloat16>;
+  wmma::fragment<wmma::accumulator, 16, 16, kK, float> acc[2];
+  float sacc[4][4] = {};
+  if constexpr (kTensor) {
+    wmma::fill_fragment(acc[0], 0.0f);
+    wmma::fill_fragment(acc[1], 0.0f);
+  }
+  float bias_sum = 0.0f;  // thread t < 64: column t of dY
+  const int mi = warp % 4;
+  const int nj = (warp / 4) * 2;
+  const int ty = threadIdx.x / 16;  // SIMT: m rows ty*4..+4
+  const int tx = threadIdx.x % 16;  //       n cols tx*4..+4
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  for (int s = 0; s < slabs; ++s) {
+    WaitAsync<kStages - 2>();
+    __syncthreads();
+    issue(s + kStages - 1);
+    const T* as = a_of(s % kStages);
+    const T* xs = x_of(s % kStages);
+    if constexpr (kTensor) {
+#pragma unroll
+      for (int kk = 0; kk < kFusedSlabK; kk += kK) {
+        wmma::fragment<wmma::matrix_a, 16, 16, kK, Prec, wmma::col_major> af;
+        wmma::load_matrix_sync(af, as + kk * kGLd + mi * 16, kGLd);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          wmma::fragment<wmma::matrix_b, 16, 16, kK, Prec, wmma::row_major> bf;
+          wmma::load_matrix_sync(bf, xs + kk * kGLd + (nj + j) * 16, kGLd);
+          wmma::mma_sync(acc[j], af, bf, acc[j]);
+        }
+      }
+    } else {
+#pragma unroll 8
+      for (int kk = 0; kk < kFusedSlabK; ++kk) {
+        const float4 xv = *reinterpret_cast<const float4*>(xs + kk * kGLd + tx * 4);
+        const float4 av = *reinterpret_cast<const float4*>(as + kk * kGLd + ty * 4);
+        const float a4[4] = {av.x, av.y, av.z, av.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          sacc[i][0] += a4[i] * xv.x;
+          sacc[i][1] += a4[i] * xv.y;
+          sacc[i][2] += a4[i] * xv.z;
+          sacc[i][3] += a4[i] * xv.w;
+        }
+      }
+    }
+    if (bias_tile && threadIdx.x < kGradTile) {
+      for (int kk = 0; kk < kFusedSlabK; ++kk) bias_sum += ToFloat(as[kk * kGLd + threadIdx.x]);
+    }
+  }
+  WaitAsync<0>();
+
+  float sq = 0.0f;
+  auto emit = [&](int m, int n, float v) {
+    if (m < job.out && n < job.in) {
+      job.dw[int64_t{m} * job.in + n] = v;
+      sq += v * v;
+    }
+  };
+  if constexpr (kTensor) {
+    float* st = c_stage[warp];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      wmma::store_matrix_sync(st, acc[j], kStageLd, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < 256; e += 32) {
+        emit(tile.m0 + mi * 16 + e / 16, tile.n0 + (nj + j) * 16 + e % 16, st[(e / 16) * kStageLd + e % 16]);
+      }
+      __syncwarp();
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) emit(tile.m0 + ty * 4 + i, tile.n0 + tx * 4 + j, sacc[i][j]);
+  }
+  if (bias_tile && threadIdx.x < kGradTile) colsum[threadIdx.x] = bias_sum;
+  // Fixed-order block sum of squares: warp trees, then warp 0 over the warps.
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, off);
+  if (lane == 0) warp_sq[warp] = sq;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < kWarps; ++w) total += warp_sq[w];
+    if (bias_tile) {
+      for (int m = 0; m < kGradTile && tile.m0 + m < job.out; ++m) {
+        const float v = colsum[m];
+        job.db[tile.m0 + m] = v;
+        total += v * v;
+      }
+    }
+    partials[blockIdx.x] = total;
+  }
+}
+
+// ---------------------------------------------------------------------------
+
+template <int P>
+__global__ void PackKernel(const PackProgram* __restrict__ prog) {
+  using T = Elem<P>;
+  const PackJob& job = prog->jobs[blockIdx.y];
+  const int64_t n = int64_t{job.rows} * job.cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    // Destination order (coalesced writes): transposed, i walks dst[c][r] with r fastest.
+    const int r = static_cast<int>(job.transpose ? i % job.rows : i / job.cols);
+    const int c = static_cast<int>(job.transpose ? i / job.rows : i % job.cols);
+    const float v = job.src[int64_t{r} * job.cols + c];
+    const int64_t d = job.transpose ? int64_t{c} * job.dst_ld + r : int64_t{r} * job.dst_ld + c;
+    if (job.to_f32) {
+      static_cast<float*>(job.dst)[d] = v;
+    } else {
+      static_cast<T*>(job.dst)[d] = Round<P>(v);
+    }
+  }
+}
+
+template <int P, int kRows>
+cudaError_t LaunchChain(const FusedProgram& program, const FusedProgram* device_program, cudaStream_t stream) {
+  const size_t bytes = ChainShared<P, kRows>::Bytes(program.buf_ld);
+  static_assert(sizeof(FusedPass) % sizeof(int4) == 0, "FusedPass is copied as int4");
+  cudaError_t err = cudaFuncSetAttribute(FusedChainKernel<P, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes));
+  if (err != cudaSuccess) return err;
+  FusedChainKernel<P, kRows><<<program.num_blocks, kFusedThreads, bytes, stream>>>(device_program);
+  return cudaGetLastError();
+}
+
+template <int P>
+cudaError_t LaunchChainRows(const FusedProgram& program, const FusedProgram* device_program, cudaStream_t stream) {
+  return program.rows_per_block == 16 ? LaunchChain<P, 16>(program, device_program, stream)
+                                      : LaunchChain<P, 32>(program, device_program, stream);
+}
+
+}  // namespace
+
+size_t FusedSharedBytes(const FusedProgram& p) {
+  const bool rows16 = p.rows_per_block == 16;
+  switch (p.precision) {
+    case Precision::kBf16:
+      return rows16 ? ChainShared<2, 16>::Bytes(p.buf_ld) : ChainShared<2, 32>::Bytes(p.buf_ld);
+    case Precision::kTf32:
+      return rows16 ? ChainShared<1, 16>::Bytes(p.buf_ld) : ChainShared<1, 32>::Bytes(p.buf_ld);
+    default:
+      return rows16 ? ChainShared<0, 16>::Bytes(p.buf_ld) : ChainShared<0, 32>::Bytes(p.buf_ld);
+  }
+}
+
+cudaError_t LaunchFusedChain(const FusedProgram& p, const FusedProgram* device_program, cudaStream_t stream) {
+  switch (p.precision) {
+    case Precision::kBf16:
+      return LaunchChainRows<2>(p, device_program, stream);
+    case Precision::kTf32:
+      return LaunchChainRows<1>(p, device_program, stream);
+    default:
+      return LaunchChainRows<0>(p, device_program, stream);
+  }
+}
+
+bool PlanGradTiles(GradProgram* p) {
+  p->num_tiles = 0;
+  for (int j = 0; j < p->num_jobs; ++j) {
+    const GradJob& job = p->jobs[j];
+    for (int m0 = 0; m0 < job.out; m0 += kGradTile) {
+      for (int n0 = 0; n0 < job.in; n0 += kGradTile) {
+        if (p->num_tiles == kMaxGradTiles) return false;
+        p->tiles[p->num_tiles++] = GradTile{j, m0, n0};
+      }
+    }
+  }
+  return true;
+}
+
+template <int P>
+cudaError_t LaunchGrad(const GradProgram& p, const GradProgram* device_program, float* partials, cudaStream_t stream) {
+  constexpr size_t bytes = GradSharedBytes<P>();
+  const cudaError_t err =
+      cudaFuncSetAttribute(WeightGradKernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err != cudaSuccess) return err;
+  WeightGradKernel<P><<<p.num_tiles, kFusedThreads, bytes, stream>>>(device_program, partials);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchWeightGrad(const GradProgram& p, const GradProgram* device_program, float* partials,
+                             cudaStream_t stream) {
+  switch (p.precision) {
+    case Precision::kBf16:
+      return LaunchGrad<2>(p, device_program, partials, stream);
+    case Precision::kTf32:
+      return LaunchGrad<1>(p, device_program, partials, stream);
+    default:
+      return LaunchGrad<0>(p, device_program, partials, stream);
+  }
+}
+
+cudaError_t LaunchPack(const PackProgram& p, const PackProgram* device_program, cudaStream_t stream) {
+  const dim3 grid(128, p.num_jobs);  // ~1 element per thread at the h200 size
+  switch (p.precision) {
+    case Precision::kBf16:
+      PackKernel<2><<<grid, 256, 0, stream>>>(device_program);
+      break;
+    case Precision::kTf32:
+      PackKernel<1><<<grid, 256, 0, stream>>>(device_program);
+      break;
+    default:
+      PackKernel<0><<<grid, 256, 0, stream>>>(device_program);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace qstream::kernels
