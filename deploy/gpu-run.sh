@@ -35,12 +35,12 @@ if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
 fi
 
 echo "== bench" >> "$summary"
-timeout 300 "$bin/qstream-bench" learner --backend=cuda --config=h200 --batch=256,1024 --precision="${PRECISIONS:-fp32,tf32,bf16}" \
-  > "$out/bench.jsonl" 2> "$out/bench.log"
-echo "h200 rc=$?" >> "$summary"
-timeout 200 "$bin/qstream-bench" learner --backend=cuda --config=small --batch=64,256 --precision="${PRECISIONS:-fp32,tf32,bf16}" \
-  >> "$out/bench.jsonl" 2>> "$out/bench.log"
-echo "small rc=$?" >> "$summary"
+# Both network paths (QSTREAM_CUDA_PATH=auto picks one per network width).
+for path in ${PATHS:-fused cublas}; do
+  QSTREAM_CUDA_PATH=$path timeout 300 "$bin/qstream-bench" learner --backend=cuda --config=h200,small \
+    --precision="${PRECISIONS:-fp32,tf32,bf16}" >> "$out/bench.jsonl" 2>> "$out/bench.log"
+  echo "$path rc=$?" >> "$summary"
+done
 cat "$out/bench.jsonl" >> "$summary"
 
 if [[ "${SKIP_PEER:-0}" != 1 ]]; then

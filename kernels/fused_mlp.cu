@@ -10,7 +10,9 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 
-constexpr int kWarps = kFusedThreads / 32;
+constexpr int kWarps = kFusedThreads / 32;  // weight-gradient blocks
+constexpr int kChainThreads = 256;            // chain blocks: 8 warps, a 16-column tile of every row tile each
+constexpr int kChainWarps = kChainThreads / 32;
 constexpr int kSkew = 8;  // elements added to every shared row (bank spread, keeps 32-byte alignment)
 constexpr int kBLd = kFusedChunkN + kSkew;
 constexpr int kALd = kFusedSlabK + kSkew;
@@ -46,18 +48,30 @@ __device__ __forceinline__ void WaitAsync() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// rows x cols elements (cols a multiple of 16 bytes' worth) of src[r][ld]
-// into dst[r][dst_ld]; rows >= valid_rows and columns >= valid_cols read 0.
-template <class T>
-__device__ __forceinline__ void StageTile(T* dst, int dst_ld, const T* src, int ld, int rows, int cols,
-                                          int valid_rows, int valid_cols) {
+// kRowsT x kColsT elements of src[r][ld] into dst[r][kDstLd] by kThreads
+// threads; rows >= valid_rows and columns >= valid_cols (a multiple of 16
+// bytes' worth) read 0. Each thread keeps one 16-byte column and walks rows.
+template <class T, int kRowsT, int kColsT, int kDstLd, int kThreads>
+__device__ __forceinline__ void StageTile(T* dst, const T* src, int ld, int valid_rows, int valid_cols) {
   constexpr int kPer = 16 / sizeof(T);
-  const int per_row = cols / kPer;
-  for (int i = threadIdx.x; i < rows * per_row; i += blockDim.x) {
-    const int r = i / per_row;
-    const int c = (i % per_row) * kPer;
-    const bool valid = r < valid_rows && c < valid_cols;
-    CopyAsync16(dst + r * dst_ld + c, valid ? src + int64_t{r} * ld + c : src, valid);
+  constexpr int kPerRow = kColsT / kPer;
+  static_assert(kColsT % kPer == 0 && kThreads % kPerRow == 0, "whole 16-byte chunks, whole rows per pass");
+  constexpr int kRowStep = kThreads / kPerRow;
+  const int c = (static_cast<int>(threadIdx.x) % kPerRow) * kPer;
+  const int r0 = static_cast<int>(threadIdx.x) / kPerRow;
+  const bool col_ok = c < valid_cols;
+  const T* s = src + int64_t{r0} * ld + c;
+  T* d = dst + r0 * kDstLd + c;
+  const int64_t step = int64_t{kRowStep} * ld;
+#pragma unroll
+  for (int j = 0; j < (kRowsT + kRowStep - 1) / kRowStep; ++j) {
+    const int r = r0 + j * kRowStep;
+    if (kRowsT % kRowStep == 0 || r < kRowsT) {
+      const bool valid = col_ok && r < valid_rows;
+      CopyAsync16(d, valid ? s : src, valid);
+    }
+    s += step;
+    d += kRowStep * kDstLd;
   }
 }
 
@@ -79,49 +93,111 @@ struct ChainShared {
   using T = Elem<P>;
   static constexpr int kStages = ChainStages<P>();
   T* buf[2];
-  T* a_stage[kStages];
-  T* b_stage[kStages];
-  float* acc_stage;  // kWarps x 16 x 16
+  T* a_base;
+  T* b_base;
+  float* acc_stage;  // kChainWarps x 16 x 16
 
   __device__ ChainShared(char* base, int buf_ld) {
     T* p = reinterpret_cast<T*>(base);
     buf[0] = p;
     buf[1] = p + kRows * buf_ld;
     p += 2 * kRows * buf_ld;
-    for (int i = 0; i < kStages; ++i) a_stage[i] = p + i * kRows * kALd;
+    a_base = p;
     p += kStages * kRows * kALd;
-    for (int i = 0; i < kStages; ++i) b_stage[i] = p + i * kFusedSlabK * kBLd;
+    b_base = p;
     p += kStages * kFusedSlabK * kBLd;
     acc_stage = reinterpret_cast<float*>(p);
   }
+  __device__ T* a_stage(int slot) const { return a_base + slot * (kRows * kALd); }
+  __device__ T* b_stage(int slot) const { return b_base + slot * (kFusedSlabK * kBLd); }
+  __device__ T* buffer(int i) const { return i == 0 ? buf[0] : buf[1]; }
   static size_t Bytes(int buf_ld) {
     return sizeof(T) * (2 * kRows * buf_ld + kStages * kRows * kALd + kStages * kFusedSlabK * kBLd) +
-           sizeof(float) * kWarps * 16 * kStageLd;
+           sizeof(float) * kChainWarps * 16 * kStageLd;
   }
 };
 
-// One output element of an op: bias, activation, stores. `v` is the fp32 sum.
-template <int P>
-__device__ __forceinline__ void EmitElement(const FusedOp& op, const FusedPass& pass, Elem<P>* out_buf, int buf_ld,
-                                            int r, int grow, int n, float v) {
-  using T = Elem<P>;
-  const bool row_ok = grow < pass.rows;
-  if (n < op.n) {
-    if (op.bias != nullptr) v += op.bias[n];
-    if (op.act == kActRelu) {
-      v = v < 0.0f ? 0.0f : v;  // NaN stays NaN, as the CPU oracle's max
-    } else if (op.act == kActMask) {
-      const float m = row_ok ? ToFloat(static_cast<const T*>(op.mask)[int64_t{grow} * op.mask_ld + n]) : 0.0f;
-      v = m > 0.0f ? v : 0.0f;
-    }
+// What an epilogue needs of its op, in registers.
+struct EmitArgs {
+  const float* bias;
+  const void* mask;
+  void* out_op;
+  float* out_f32;
+  int n, act, mask_ld, out_col, out_op_ld, out_f32_ld, rows, out_buf;
+  __device__ explicit EmitArgs(const FusedOp& op, int pass_rows)
+      : bias(op.bias),
+        mask(op.mask),
+        out_op(op.out_op),
+        out_f32(op.out_f32),
+        n(op.n),
+        act(op.act),
+        mask_ld(op.mask_ld),
+        out_col(op.out_col),
+        out_op_ld(op.out_op_ld),
+        out_f32_ld(op.out_f32_ld),
+        rows(pass_rows),
+        out_buf(op.out_buf) {}
+};
+
+// kBytes from 16-byte aligned src to 16-byte aligned dst.
+template <int kBytes>
+__device__ __forceinline__ void CopyVec(void* dst, const void* src) {
+  static_assert(kBytes % 8 == 0, "8-byte multiples");
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i) static_cast<uint4*>(dst)[i] = static_cast<const uint4*>(src)[i];
   } else {
-    v = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kBytes / 8; ++i) static_cast<uint2*>(dst)[i] = static_cast<const uint2*>(src)[i];
   }
-  const T rv = Round<P>(v);
-  if (out_buf != nullptr) out_buf[r * buf_ld + op.out_col + n] = rv;
+}
+
+// kN consecutive output columns n..n+kN of row r (global row grow): bias,
+// activation (columns >= e.n become 0), then the stores. v: the fp32 sums.
+template <int P, int kN>
+__device__ __forceinline__ void EmitRun(const EmitArgs& e, Elem<P>* out_buf, int buf_ld, int r, int grow, int n,
+                                        float (&v)[kN]) {
+  using T = Elem<P>;
+  const bool row_ok = grow < e.rows;
+  float bias[kN];
+  if (e.bias != nullptr) {
+    CopyVec<kN * 4>(bias, e.bias + n);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) bias[j] = 0.0f;
+  }
+  T mask[kN];
+  if (e.act == kActMask) {
+    if (row_ok) {
+      CopyVec<kN * sizeof(T)>(mask, static_cast<const T*>(e.mask) + int64_t{grow} * e.mask_ld + n);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kN; ++j) mask[j] = Round<P>(0.0f);
+    }
+  }
+  T rv[kN];
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    float x = v[j] + bias[j];
+    if (e.act == kActRelu) {
+      x = x < 0.0f ? 0.0f : x;  // NaN stays NaN, as the CPU oracle's max
+    } else if (e.act == kActMask) {
+      x = ToFloat(mask[j]) > 0.0f ? x : 0.0f;
+    }
+    if (n + j >= e.n) x = 0.0f;
+    v[j] = x;
+    rv[j] = Round<P>(x);
+  }
+  if (out_buf != nullptr) CopyVec<kN * sizeof(T)>(out_buf + r * buf_ld + e.out_col + n, rv);
   if (row_ok) {
-    if (op.out_op != nullptr) static_cast<T*>(op.out_op)[int64_t{grow} * op.out_op_ld + n] = rv;
-    if (op.out_f32 != nullptr && n < op.n) op.out_f32[int64_t{grow} * op.out_f32_ld + n] = v;
+    if (e.out_op != nullptr) CopyVec<kN * sizeof(T)>(static_cast<T*>(e.out_op) + int64_t{grow} * e.out_op_ld + n, rv);
+    if (e.out_f32 != nullptr) {
+      float* o = e.out_f32 + int64_t{grow} * e.out_f32_ld;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        if (n + j < e.n) o[n + j] = v[j];
+      }
+    }
   }
 }
 
@@ -131,14 +207,14 @@ __device__ __forceinline__ int OpStages(const FusedOp& op) {
 }
 
 template <int P, int kRows>
-__global__ void __launch_bounds__(kFusedThreads) FusedChainKernel(const FusedProgram* __restrict__ prog) {
+__global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedProgram* __restrict__ prog) {
   using T = Elem<P>;
   using Shared = ChainShared<P, kRows>;
   constexpr int kStages = Shared::kStages;
   constexpr bool kTensor = P != int(Precision::kFp32);
   constexpr int kK = P == int(Precision::kBf16) ? 16 : 8;  // wmma k
   constexpr int kRowTiles = kRows / 16;
-  constexpr int kMr = kRows / kWarps;       // SIMT rows per thread
+  constexpr int kMr = kRows / kChainWarps;  // SIMT rows per thread
   constexpr int kCols = kFusedChunkN / 32;  // SIMT columns per thread
   extern __shared__ __align__(128) char smem[];
   __shared__ FusedPass pass;
@@ -185,11 +261,12 @@ __global__ void __launch_bounds__(kFusedThreads) FusedChainKernel(const FusedPro
       const int n0 = (st / slabs) * kFusedChunkN;
       const int nc = min(kFusedChunkN, op.np - n0);
       const int slot = g % kStages;
-      StageTile<T>(sh.b_stage[slot], kBLd, static_cast<const T*>(op.b) + int64_t{k0} * op.np + n0, op.np, kFusedSlabK,
-                   nc, op.kp - k0, nc);
+      StageTile<T, kFusedSlabK, kFusedChunkN, kBLd, kChainThreads>(sh.b_stage(slot), static_cast<const T*>(op.b) + int64_t{k0} * op.np + n0,
+                                                    op.np, op.kp - k0, nc);
       if (op.a_buf < 0) {
-        StageTile<T>(sh.a_stage[slot], kALd, static_cast<const T*>(op.a_global) + int64_t{row0} * op.a_ld + k0,
-                     op.a_ld, kRows, kFusedSlabK, valid_rows, op.a_cols - k0);
+        StageTile<T, kRows, kFusedSlabK, kALd, kChainThreads>(sh.a_stage(slot),
+                                               static_cast<const T*>(op.a_global) + int64_t{row0} * op.a_ld + k0,
+                                               op.a_ld, valid_rows, op.a_cols - k0);
       }
     }
     CommitAsync();  // an empty group past the end keeps the counting uniform
@@ -197,7 +274,7 @@ __global__ void __launch_bounds__(kFusedThreads) FusedChainKernel(const FusedPro
 
   // The input rows, converted into the operand type.
   if (pass.in != nullptr) {
-    T* dst = sh.buf[pass.in_buf];
+    T* dst = sh.buffer(pass.in_buf);
     for (int i = threadIdx.x; i < kRows * pass.in_kp; i += blockDim.x) {
       const int r = i / pass.in_kp;
       const int c = i % pass.in_kp;
@@ -211,6 +288,9 @@ __global__ void __launch_bounds__(kFusedThreads) FusedChainKernel(const FusedPro
     }
   }
 
+  // Tensor path: warp w owns column tile w of each chunk, all row tiles
+  // (one B fragment feeds kRowTiles products).
+  const int ct = warp;
   wmma::fragment<wmma::accumulator, 16, 16, kK, float> acc[kRowTiles];
   float sacc[kMr][kCols];
   auto clear = [&]() {
@@ -241,16 +321,16 @@ __global__ void __launch_bounds__(kFusedThreads) FusedChainKernel(const FusedPro
     const int nc = min(kFusedChunkN, op.np - n0);
     const int slot = g % kStages;
     const bool a_global = op.a_buf < 0;
-    const T* a_tile = a_global ? sh.a_stage[slot] : sh.buf[op.a_buf] + op.a_col + k0;
+    const T* a_tile = a_global ? sh.a_stage(slot) : sh.buffer(op.a_buf) + op.a_col + k0;
     const int a_ld = a_global ? kALd : buf_ld;
-    const T* b_tile = sh.b_stage[slot];
+    const T* b_tile = sh.b_stage(slot);
     if constexpr (kTensor) {
       using Prec = std::conditional_t<kK == 8, wmma::precision::tf32, __nv_bfloat16>;
-      if (warp * 16 < nc) {
+      if (ct * 16 < nc) {
 #pragma unroll 4
         for (int kk = 0; kk < kvalid; kk += kK) {
           wmma::fragment<wmma::matrix_b, 16, 16, kK, Prec, wmma::row_major> bf;
-          wmma::load_matrix_sync(bf, b_tile + kk * kBLd + warp * 16, kBLd);
+          wmma::load_matrix_sync(bf, b_tile + kk * kBLd + ct * 16, kBLd);
 #pragma unroll
           for (int i = 0; i < kRowTiles; ++i) {
             wmma::fragment<wmma::matrix_a, 16, 16, kK, Prec, wmma::row_major> af;
@@ -278,19 +358,22 @@ __global__ void __launch_bounds__(kFusedThreads) FusedChainKernel(const FusedPro
     }
     if (slab == slabs - 1) {
       // Epilogue of this chunk: the accumulators are final.
-      T* out_buf = op.out_buf >= 0 ? sh.buf[op.out_buf] : nullptr;
+      const EmitArgs e(op, pass.rows);
+      T* out_buf = e.out_buf >= 0 ? sh.buffer(e.out_buf) : nullptr;
       if constexpr (kTensor) {
-        if (warp * 16 < nc) {
+        if (ct * 16 < nc) {
+          // Lane: row lane / 2 of each 16 x 16 tile, columns (lane % 2) * 8 .. + 8.
           float* stg = sh.acc_stage + warp * 16 * kStageLd;
+          const int tr = lane / 2;
+          const int tc = (lane % 2) * 8;
 #pragma unroll
           for (int i = 0; i < kRowTiles; ++i) {
             wmma::store_matrix_sync(stg, acc[i], kStageLd, wmma::mem_row_major);
             __syncwarp();
-            for (int e = lane; e < 256; e += 32) {
-              const int r = i * 16 + e / 16;
-              const int n = n0 + warp * 16 + e % 16;
-              EmitElement<P>(op, pass, out_buf, buf_ld, r, row0 + r, n, stg[(e / 16) * kStageLd + e % 16]);
-            }
+            float v[8];
+            CopyVec<32>(v, stg + tr * kStageLd + tc);
+            const int r = i * 16 + tr;
+            EmitRun<P, 8>(e, out_buf, buf_ld, r, row0 + r, n0 + ct * 16 + tc, v);
             __syncwarp();
           }
         }
@@ -299,10 +382,7 @@ __global__ void __launch_bounds__(kFusedThreads) FusedChainKernel(const FusedPro
 #pragma unroll
           for (int i = 0; i < kMr; ++i) {
             const int r = warp * kMr + i;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              EmitElement<P>(op, pass, out_buf, buf_ld, r, row0 + r, n0 + lane * 4 + j, sacc[i][j]);
-            }
+            EmitRun<P, 4>(e, out_buf, buf_ld, r, row0 + r, n0 + lane * 4, sacc[i]);
           }
         }
       }
@@ -336,7 +416,7 @@ __global__ void __launch_bounds__(kFusedThreads) WeightGradKernel(const GradProg
   // Per stage: dY slab (rows x out columns), then X slab (rows x in columns).
   T* stages = reinterpret_cast<T*>(smem);
   __shared__ __align__(128) float c_stage[kWarps][16 * kStageLd];
-  __shared__ float colsum[kGradTile];
+  __shared__ float colsum[kFusedThreads];
   __shared__ float warp_sq[kWarps];
   const GradTile tile = prog->tiles[blockIdx.x];
   const GradJob job = prog->jobs[tile.job];
@@ -352,10 +432,10 @@ __global__ void __launch_bounds__(kFusedThreads) WeightGradKernel(const GradProg
   auto issue = [&](int s) {
     if (s < slabs) {
       const int r0 = s * kFusedSlabK;
-      StageTile<T>(a_of(s % kStages), kGLd, dy + int64_t{r0} * job.dy_ld, job.dy_ld, kFusedSlabK, kGradTile, rows - r0,
-                   job.dy_cols - tile.m0);
-      StageTile<T>(x_of(s % kStages), kGLd, x + int64_t{r0} * job.x_ld, job.x_ld, kFusedSlabK, kGradTile, rows - r0,
-                   job.x_cols - tile.n0);
+      StageTile<T, kFusedSlabK, kGradTile, kGLd, kFusedThreads>(a_of(s % kStages), dy + int64_t{r0} * job.dy_ld, job.dy_ld, rows - r0,
+                                                 job.dy_cols - tile.m0);
+      StageTile<T, kFusedSlabK, kGradTile, kGLd, kFusedThreads>(x_of(s % kStages), x + int64_t{r0} * job.x_ld, job.x_ld, rows - r0,
+                                                 job.x_cols - tile.n0);
     }
     CommitAsync();
   };
@@ -367,7 +447,9 @@ __global__ void __launch_bounds__(kFusedThreads) WeightGradKernel(const GradProg
     wmma::fill_fragment(acc[0], 0.0f);
     wmma::fill_fragment(acc[1], 0.0f);
   }
-  float bias_sum = 0.0f;  // thread t < 64: column t of dY
+  // Bias: thread t sums column t % 64 of dY over rows (t / 64) * 16 .. + 16 of
+  // every slab; the four quarter sums are added in order at the end.
+  float bias_sum = 0.0f;
   const int mi = warp % 4;
   const int nj = (warp / 4) * 2;
   const int ty = threadIdx.x / 16;  // SIMT: m rows ty*4..+4
@@ -406,8 +488,12 @@ __global__ void __launch_bounds__(kFusedThreads) WeightGradKernel(const GradProg
         }
       }
     }
-    if (bias_tile && threadIdx.x < kGradTile) {
-      for (int kk = 0; kk < kFusedSlabK; ++kk) bias_sum += ToFloat(as[kk * kGLd + threadIdx.x]);
+    if (bias_tile) {
+      const int q = threadIdx.x / kGradTile;
+      float part = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kFusedSlabK / 4; ++kk) part += ToFloat(as[(q * (kFusedSlabK / 4) + kk) * kGLd + threadIdx.x % kGradTile]);
+      bias_sum += part;
     }
   }
   WaitAsync<0>();
@@ -436,7 +522,7 @@ __global__ void __launch_bounds__(kFusedThreads) WeightGradKernel(const GradProg
 #pragma unroll
       for (int j = 0; j < 4; ++j) emit(tile.m0 + ty * 4 + i, tile.n0 + tx * 4 + j, sacc[i][j]);
   }
-  if (bias_tile && threadIdx.x < kGradTile) colsum[threadIdx.x] = bias_sum;
+  if (bias_tile) colsum[threadIdx.x] = bias_sum;
   // Fixed-order block sum of squares: warp trees, then warp 0 over the warps.
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, off);
@@ -447,7 +533,7 @@ __global__ void __launch_bounds__(kFusedThreads) WeightGradKernel(const GradProg
     for (int w = 0; w < kWarps; ++w) total += warp_sq[w];
     if (bias_tile) {
       for (int m = 0; m < kGradTile && tile.m0 + m < job.out; ++m) {
-        const float v = colsum[m];
+        const float v = ((colsum[m] + colsum[m + kGradTile]) + colsum[m + 2 * kGradTile]) + colsum[m + 3 * kGradTile];
         job.db[tile.m0 + m] = v;
         total += v * v;
       }
@@ -484,7 +570,7 @@ cudaError_t LaunchChain(const FusedProgram& program, const FusedProgram* device_
   cudaError_t err = cudaFuncSetAttribute(FusedChainKernel<P, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
-  FusedChainKernel<P, kRows><<<program.num_blocks, kFusedThreads, bytes, stream>>>(device_program);
+  FusedChainKernel<P, kRows><<<program.num_blocks, kChainThreads, bytes, stream>>>(device_program);
   return cudaGetLastError();
 }
 

@@ -297,6 +297,33 @@ TEST(CudaBackend, RejectsEmptyReplayAndBadBatches) {
   EXPECT_EQ(b->replay_size(), 0);
 }
 
+// The h200 network (256-wide, where the automatic choice is cuBLASLt) on
+// both paths in exact fp32: the same 5 steps to fp32 rounding.
+TEST(CudaBackend, H200FusedAndCublasPathsAgree) {
+  QS_SKIP_WITHOUT_GPU();
+  auto c = BenchConfig("h200");
+  ASSERT_TRUE(c.ok());
+  c->mutable_replay()->set_batch_size(256);
+  c->mutable_replay()->set_capacity(4096);
+  c->mutable_rate_limiter()->set_min_size_to_sample(1);
+  c->set_matmul_precision(v1::TrainerConfig::FP32);
+  std::vector<float> params[2];
+  for (int path = 0; path < 2; ++path) {
+    setenv("QSTREAM_CUDA_PATH", path == 0 ? "fused" : "cublas", 1);
+    auto b = MustCreate(*c, true);
+    unsetenv("QSTREAM_CUDA_PATH");
+    ASSERT_TRUE(b);
+    EXPECT_NE(b->device().find(path == 0 ? "[fused fp32]" : "[cublaslt fp32"), std::string::npos) << b->device();
+    ASSERT_TRUE(b->Insert(RandomTransitions(*c, 3000, 8)).ok());
+    for (int step = 0; step < 5; ++step) ASSERT_TRUE(b->Step().ok());
+    params[path] = b->GetParams();
+    EXPECT_EQ(SyncedStats(b.get()).guard, GuardReason::kNone);
+  }
+  const double err = RelError(params[0], params[1]);
+  std::cout << "[ info ] h200 fp32 fused vs cublaslt params rel error after 5 steps: " << err << "\n";
+  EXPECT_LE(err, 1e-5);
+}
+
 TEST(CudaBackend, BenchConfigH200Runs) {
   QS_SKIP_WITHOUT_GPU();
   auto c = BenchConfig("h200");

@@ -23,12 +23,17 @@ char* Offset(void* p, int64_t elements, int elem) { return static_cast<char*>(p)
 
 }  // namespace
 
+int FusedNetwork::WidestPadded(const NetworkSpec& spec) {
+  int widest = std::max(FusedPadded(spec.obs_dim), 2 * FusedPadded(spec.head_hidden));
+  for (const LinearView& l : spec.trunk) widest = std::max(widest, FusedPadded(l.out));
+  return widest;
+}
+
 std::string FusedNetwork::Unsupported(const NetworkSpec& spec, int batch, kernels::Precision precision,
                                       size_t shared_limit) {
   const int layers = static_cast<int>(spec.trunk.size());
   if (layers < 1 || layers > kMaxTrunk) return absl::StrCat("trunk of ", layers, " layers (fused: 1..", kMaxTrunk, ")");
-  int widest = std::max(FusedPadded(spec.obs_dim), 2 * FusedPadded(spec.head_hidden));
-  for (const LinearView& l : spec.trunk) widest = std::max(widest, FusedPadded(l.out));
+  const int widest = WidestPadded(spec);
   if (widest > kernels::kFusedMaxWidth) {
     return absl::StrCat("a layer (or 2 x head_hidden) of ", widest, " padded features (fused: <= ",
                         kernels::kFusedMaxWidth, ")");

@@ -28,8 +28,13 @@ struct FusedNetworkIo {
   float* norm_partials = nullptr; // kernels::kMaxGradTiles, written by WeightGrad
 };
 
+// The widest padded activation (trunk layers, 2 x head_hidden, obs) up to
+// which the backend's automatic choice takes the fused path.
+inline constexpr int kFusedAutoWidth = 128;
+
 class FusedNetwork {
  public:
+  static int WidestPadded(const NetworkSpec& spec);
   // Why the fused path cannot run this network (empty when it can).
   static std::string Unsupported(const NetworkSpec& spec, int batch, kernels::Precision precision,
                                  size_t shared_limit);
