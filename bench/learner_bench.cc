@@ -17,9 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
+#include "qstream/version.h"
 #include "trainer/backends/backend_factory.h"
 #include "trainer/config.h"
-#include "qstream/version.h"
 
 namespace qstream::bench {
 namespace {
@@ -239,7 +239,8 @@ std::string Quote(const std::string& s) {
   return out + "\"";
 }
 
-absl::Status RunCase(const Flags& flags, const std::string& config_name, int batch, const std::string& precision) {
+absl::Status RunCase(const Flags& flags, const std::string& config_name, int batch,
+                     const std::string& precision) {
   absl::StatusOr<v1::TrainerConfig> config = BenchConfig(config_name);
   if (!config.ok()) return config.status();
   config->mutable_replay()->set_batch_size(batch);
@@ -296,7 +297,8 @@ absl::Status RunCase(const Flags& flags, const std::string& config_name, int bat
   f["config"] = Quote(config_name);
   f["backend"] = Quote(b->name());
   f["device"] = Quote(b->device());
-  f["precision"] = Quote(absl::AsciiStrToLower(v1::TrainerConfig::MatmulPrecision_Name(MatmulPrecision(*config))));
+  f["precision"] =
+      Quote(absl::AsciiStrToLower(v1::TrainerConfig::MatmulPrecision_Name(MatmulPrecision(*config))));
   f["batch"] = absl::StrCat(batch);
   f["us_per_step"] = absl::StrCat(median);
   f["min"] = absl::StrCat(sorted.front());
@@ -312,9 +314,10 @@ absl::Status RunCase(const Flags& flags, const std::string& config_name, int bat
   f["peak_gbps"] = absl::StrCat(peak_gbps);
   f["floor_us"] = absl::StrCat(floor_us);
   f["achieved_tflops"] = absl::StrCat(flop / (median * 1e-6) / 1e12);
-  std::printf("%s\n", Json(f, {"bench", "config", "backend", "device", "precision", "batch", "us_per_step", "min", "max", "steps",
-                               "repeats", "replay_size", "timer", "commit", "flop_per_step", "bytes_per_step",
-                               "peak_tflops", "peak_gbps", "floor_us", "achieved_tflops"})
+  std::printf("%s\n", Json(f, {"bench",          "config",      "backend",   "device",   "precision",
+                               "batch",          "us_per_step", "min",       "max",      "steps",
+                               "repeats",        "replay_size", "timer",     "commit",   "flop_per_step",
+                               "bytes_per_step", "peak_tflops", "peak_gbps", "floor_us", "achieved_tflops"})
                           .c_str());
   std::fflush(stdout);
   return absl::OkStatus();
@@ -326,13 +329,14 @@ int RunLearnerBench(int argc, char** argv) {
   Flags flags;
   if (absl::Status s = ParseFlags(argc, argv, &flags); !s.ok()) {
     if (!absl::IsCancelled(s)) std::fprintf(stderr, "qstream-bench learner: %s\n", std::string(s.message()).c_str());
-    std::fprintf(stderr,
-                 "usage: qstream-bench learner [--config=small,h200] [--batch=64,256] [--backend=auto|cpu|cuda]\n"
-                 "  [--precision=fp32,tf32,bf16 (the config's: tf32)] [--replay_capacity=N (the config's)]\n"
-                 "  [--steps=N (cpu %lld, cuda %lld)] [--repeats=R (5)] [--warmup=W (steps/5)] [--fill=N (capacity)]\n"
-                 "  [--seed=S] [--peak_tflops=T (cpu %g, cuda %g)] [--peak_gbps=G (cpu %g, cuda %g)]\n",
-                 static_cast<long long>(kCpuDefaultSteps), static_cast<long long>(kCudaDefaultSteps), kCpuPeakTflops,
-                 kCudaPeakTflops, kCpuPeakGbps, kCudaPeakGbps);
+    std::fprintf(
+        stderr,
+        "usage: qstream-bench learner [--config=small,h200] [--batch=64,256] [--backend=auto|cpu|cuda]\n"
+        "  [--precision=fp32,tf32,bf16 (the config's: tf32)] [--replay_capacity=N (the config's)]\n"
+        "  [--steps=N (cpu %lld, cuda %lld)] [--repeats=R (5)] [--warmup=W (steps/5)] [--fill=N (capacity)]\n"
+        "  [--seed=S] [--peak_tflops=T (cpu %g, cuda %g)] [--peak_gbps=G (cpu %g, cuda %g)]\n",
+        static_cast<long long>(kCpuDefaultSteps), static_cast<long long>(kCudaDefaultSteps), kCpuPeakTflops,
+        kCudaPeakTflops, kCpuPeakGbps, kCudaPeakGbps);
     return absl::IsCancelled(s) ? 0 : 2;
   }
   for (const std::string& config : flags.configs) {
@@ -342,8 +346,8 @@ int RunLearnerBench(int argc, char** argv) {
     for (int batch : batches) {
       for (const std::string& precision : precisions) {
         if (absl::Status s = RunCase(flags, config, batch, precision); !s.ok()) {
-          std::fprintf(stderr, "qstream-bench learner: config=%s batch=%d precision=%s: %s\n", config.c_str(), batch,
-                       precision.c_str(), s.ToString().c_str());
+          std::fprintf(stderr, "qstream-bench learner: config=%s batch=%d precision=%s: %s\n", config.c_str(),
+                       batch, precision.c_str(), s.ToString().c_str());
           return 1;
         }
       }

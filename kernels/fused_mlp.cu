@@ -11,7 +11,7 @@ namespace {
 namespace wmma = nvcuda::wmma;
 
 constexpr int kWarps = kFusedThreads / 32;  // weight-gradient blocks
-constexpr int kChainThreads = 256;            // chain blocks: 8 warps, a 16-column tile of every row tile each
+constexpr int kChainThreads = 256;          // chain blocks: 8 warps, a 16-column tile of every row tile each
 constexpr int kChainWarps = kChainThreads / 32;
 constexpr int kSkew = 8;  // elements added to every shared row (bank spread, keeps 32-byte alignment)
 constexpr int kBLd = kFusedChunkN + kSkew;
@@ -155,8 +155,8 @@ __device__ __forceinline__ void CopyVec(void* dst, const void* src) {
 // kN consecutive output columns n..n+kN of row r (global row grow): bias,
 // activation (columns >= e.n become 0), then the stores. v: the fp32 sums.
 template <int P, int kN>
-__device__ __forceinline__ void EmitRun(const EmitArgs& e, Elem<P>* out_buf, int buf_ld, int r, int grow, int n,
-                                        float (&v)[kN]) {
+__device__ __forceinline__ void EmitRun(const EmitArgs& e, Elem<P>* out_buf, int buf_ld, int r, int grow,
+                                        int n, float (&v)[kN]) {
   using T = Elem<P>;
   const bool row_ok = grow < e.rows;
   float bias[kN];
@@ -190,7 +190,8 @@ __device__ __forceinline__ void EmitRun(const EmitArgs& e, Elem<P>* out_buf, int
   }
   if (out_buf != nullptr) CopyVec<kN * sizeof(T)>(out_buf + r * buf_ld + e.out_col + n, rv);
   if (row_ok) {
-    if (e.out_op != nullptr) CopyVec<kN * sizeof(T)>(static_cast<T*>(e.out_op) + int64_t{grow} * e.out_op_ld + n, rv);
+    if (e.out_op != nullptr)
+      CopyVec<kN * sizeof(T)>(static_cast<T*>(e.out_op) + int64_t{grow} * e.out_op_ld + n, rv);
     if (e.out_f32 != nullptr) {
       float* o = e.out_f32 + int64_t{grow} * e.out_f32_ld;
 #pragma unroll
@@ -229,7 +230,8 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
   {
     const int4* src = reinterpret_cast<const int4*>(&prog->passes[pass_index]);
     int4* dst = reinterpret_cast<int4*>(&pass);
-    for (int i = threadIdx.x; i < static_cast<int>(sizeof(FusedPass) / sizeof(int4)); i += blockDim.x) dst[i] = src[i];
+    for (int i = threadIdx.x; i < static_cast<int>(sizeof(FusedPass) / sizeof(int4)); i += blockDim.x)
+      dst[i] = src[i];
   }
   const int buf_ld = prog->buf_ld;
   __syncthreads();
@@ -261,12 +263,12 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
       const int n0 = (st / slabs) * kFusedChunkN;
       const int nc = min(kFusedChunkN, op.np - n0);
       const int slot = g % kStages;
-      StageTile<T, kFusedSlabK, kFusedChunkN, kBLd, kChainThreads>(sh.b_stage(slot), static_cast<const T*>(op.b) + int64_t{k0} * op.np + n0,
-                                                    op.np, op.kp - k0, nc);
+      StageTile<T, kFusedSlabK, kFusedChunkN, kBLd, kChainThreads>(
+          sh.b_stage(slot), static_cast<const T*>(op.b) + int64_t{k0} * op.np + n0, op.np, op.kp - k0, nc);
       if (op.a_buf < 0) {
-        StageTile<T, kRows, kFusedSlabK, kALd, kChainThreads>(sh.a_stage(slot),
-                                               static_cast<const T*>(op.a_global) + int64_t{row0} * op.a_ld + k0,
-                                               op.a_ld, valid_rows, op.a_cols - k0);
+        StageTile<T, kRows, kFusedSlabK, kALd, kChainThreads>(
+            sh.a_stage(slot), static_cast<const T*>(op.a_global) + int64_t{row0} * op.a_ld + k0, op.a_ld,
+            valid_rows, op.a_cols - k0);
       }
     }
     CommitAsync();  // an empty group past the end keeps the counting uniform
@@ -406,8 +408,8 @@ constexpr size_t GradSharedBytes() {
 }
 
 template <int P>
-__global__ void __launch_bounds__(kFusedThreads) WeightGradKernel(const GradProgram* __restrict__ prog,
-                                                                  float* __restrict__ partials) {
+__global__ void __launch_bounds__(kFusedThreads)
+    WeightGradKernel(const GradProgram* __restrict__ prog, float* __restrict__ partials) {
   using T = Elem<P>;
   constexpr bool kTensor = P != int(Precision::kFp32);
   constexpr int kK = P == int(Precision::kBf16) ? 16 : 8;
@@ -432,10 +434,10 @@ __global__ void __launch_bounds__(kFusedThreads) WeightGradKernel(const GradProg
   auto issue = [&](int s) {
     if (s < slabs) {
       const int r0 = s * kFusedSlabK;
-      StageTile<T, kFusedSlabK, kGradTile, kGLd, kFusedThreads>(a_of(s % kStages), dy + int64_t{r0} * job.dy_ld, job.dy_ld, rows - r0,
-                                                 job.dy_cols - tile.m0);
-      StageTile<T, kFusedSlabK, kGradTile, kGLd, kFusedThreads>(x_of(s % kStages), x + int64_t{r0} * job.x_ld, job.x_ld, rows - r0,
-                                                 job.x_cols - tile.n0);
+      StageTile<T, kFusedSlabK, kGradTile, kGLd, kFusedThreads>(
+          a_of(s % kStages), dy + int64_t{r0} * job.dy_ld, job.dy_ld, rows - r0, job.dy_cols - tile.m0);
+      StageTile<T, kFusedSlabK, kGradTile, kGLd, kFusedThreads>(x_of(s % kStages), x + int64_t{r0} * job.x_ld,
+                                                                job.x_ld, rows - r0, job.x_cols - tile.n0);
     }
     CommitAsync();
   };
@@ -492,7 +494,8 @@ __global__ void __launch_bounds__(kFusedThreads) WeightGradKernel(const GradProg
       const int q = threadIdx.x / kGradTile;
       float part = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < kFusedSlabK / 4; ++kk) part += ToFloat(as[(q * (kFusedSlabK / 4) + kk) * kGLd + threadIdx.x % kGradTile]);
+      for (int kk = 0; kk < kFusedSlabK / 4; ++kk)
+        part += ToFloat(as[(q * (kFusedSlabK / 4) + kk) * kGLd + threadIdx.x % kGradTile]);
       bias_sum += part;
     }
   }
@@ -523,7 +526,7 @@ __global__ void __launch_bounds__(kFusedThreads) WeightGradKernel(const GradProg
       for (int j = 0; j < 4; ++j) emit(tile.m0 + ty * 4 + i, tile.n0 + tx * 4 + j, sacc[i][j]);
   }
   if (bias_tile) colsum[threadIdx.x] = bias_sum;
-  // Fixed-order block sum of squares: warp trees, then warp 0 over the warps.
+    // Fixed-order block sum of squares: warp trees, then warp 0 over the warps.
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, off);
   if (lane == 0) warp_sq[warp] = sq;
@@ -533,7 +536,8 @@ __global__ void __launch_bounds__(kFusedThreads) WeightGradKernel(const GradProg
     for (int w = 0; w < kWarps; ++w) total += warp_sq[w];
     if (bias_tile) {
       for (int m = 0; m < kGradTile && tile.m0 + m < job.out; ++m) {
-        const float v = ((colsum[m] + colsum[m + kGradTile]) + colsum[m + 2 * kGradTile]) + colsum[m + 3 * kGradTile];
+        const float v =
+            ((colsum[m] + colsum[m + kGradTile]) + colsum[m + 2 * kGradTile]) + colsum[m + 3 * kGradTile];
         job.db[tile.m0 + m] = v;
         total += v * v;
       }
@@ -549,7 +553,8 @@ __global__ void PackKernel(const PackProgram* __restrict__ prog) {
   using T = Elem<P>;
   const PackJob& job = prog->jobs[blockIdx.y];
   const int64_t n = int64_t{job.rows} * job.cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
     // Destination order (coalesced writes): transposed, i walks dst[c][r] with r fastest.
     const int r = static_cast<int>(job.transpose ? i % job.rows : i / job.cols);
     const int c = static_cast<int>(job.transpose ? i / job.rows : i % job.cols);
@@ -564,18 +569,20 @@ __global__ void PackKernel(const PackProgram* __restrict__ prog) {
 }
 
 template <int P, int kRows>
-cudaError_t LaunchChain(const FusedProgram& program, const FusedProgram* device_program, cudaStream_t stream) {
+cudaError_t LaunchChain(const FusedProgram& program, const FusedProgram* device_program,
+                        cudaStream_t stream) {
   const size_t bytes = ChainShared<P, kRows>::Bytes(program.buf_ld);
   static_assert(sizeof(FusedPass) % sizeof(int4) == 0, "FusedPass is copied as int4");
-  cudaError_t err = cudaFuncSetAttribute(FusedChainKernel<P, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(bytes));
+  cudaError_t err = cudaFuncSetAttribute(
+      FusedChainKernel<P, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
   FusedChainKernel<P, kRows><<<program.num_blocks, kChainThreads, bytes, stream>>>(device_program);
   return cudaGetLastError();
 }
 
 template <int P>
-cudaError_t LaunchChainRows(const FusedProgram& program, const FusedProgram* device_program, cudaStream_t stream) {
+cudaError_t LaunchChainRows(const FusedProgram& program, const FusedProgram* device_program,
+                            cudaStream_t stream) {
   return program.rows_per_block == 16 ? LaunchChain<P, 16>(program, device_program, stream)
                                       : LaunchChain<P, 32>(program, device_program, stream);
 }
@@ -589,19 +596,15 @@ size_t FusedSharedBytes(const FusedProgram& p) {
       return rows16 ? ChainShared<2, 16>::Bytes(p.buf_ld) : ChainShared<2, 32>::Bytes(p.buf_ld);
     case Precision::kTf32:
       return rows16 ? ChainShared<1, 16>::Bytes(p.buf_ld) : ChainShared<1, 32>::Bytes(p.buf_ld);
-    default:
-      return rows16 ? ChainShared<0, 16>::Bytes(p.buf_ld) : ChainShared<0, 32>::Bytes(p.buf_ld);
+    default: return rows16 ? ChainShared<0, 16>::Bytes(p.buf_ld) : ChainShared<0, 32>::Bytes(p.buf_ld);
   }
 }
 
 cudaError_t LaunchFusedChain(const FusedProgram& p, const FusedProgram* device_program, cudaStream_t stream) {
   switch (p.precision) {
-    case Precision::kBf16:
-      return LaunchChainRows<2>(p, device_program, stream);
-    case Precision::kTf32:
-      return LaunchChainRows<1>(p, device_program, stream);
-    default:
-      return LaunchChainRows<0>(p, device_program, stream);
+    case Precision::kBf16: return LaunchChainRows<2>(p, device_program, stream);
+    case Precision::kTf32: return LaunchChainRows<1>(p, device_program, stream);
+    default: return LaunchChainRows<0>(p, device_program, stream);
   }
 }
 
@@ -620,10 +623,11 @@ bool PlanGradTiles(GradProgram* p) {
 }
 
 template <int P>
-cudaError_t LaunchGrad(const GradProgram& p, const GradProgram* device_program, float* partials, cudaStream_t stream) {
+cudaError_t LaunchGrad(const GradProgram& p, const GradProgram* device_program, float* partials,
+                       cudaStream_t stream) {
   constexpr size_t bytes = GradSharedBytes<P>();
-  const cudaError_t err =
-      cudaFuncSetAttribute(WeightGradKernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  const cudaError_t err = cudaFuncSetAttribute(
+      WeightGradKernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
   WeightGradKernel<P><<<p.num_tiles, kFusedThreads, bytes, stream>>>(device_program, partials);
   return cudaGetLastError();
@@ -632,27 +636,18 @@ cudaError_t LaunchGrad(const GradProgram& p, const GradProgram* device_program, 
 cudaError_t LaunchWeightGrad(const GradProgram& p, const GradProgram* device_program, float* partials,
                              cudaStream_t stream) {
   switch (p.precision) {
-    case Precision::kBf16:
-      return LaunchGrad<2>(p, device_program, partials, stream);
-    case Precision::kTf32:
-      return LaunchGrad<1>(p, device_program, partials, stream);
-    default:
-      return LaunchGrad<0>(p, device_program, partials, stream);
+    case Precision::kBf16: return LaunchGrad<2>(p, device_program, partials, stream);
+    case Precision::kTf32: return LaunchGrad<1>(p, device_program, partials, stream);
+    default: return LaunchGrad<0>(p, device_program, partials, stream);
   }
 }
 
 cudaError_t LaunchPack(const PackProgram& p, const PackProgram* device_program, cudaStream_t stream) {
   const dim3 grid(128, p.num_jobs);  // ~1 element per thread at the h200 size
   switch (p.precision) {
-    case Precision::kBf16:
-      PackKernel<2><<<grid, 256, 0, stream>>>(device_program);
-      break;
-    case Precision::kTf32:
-      PackKernel<1><<<grid, 256, 0, stream>>>(device_program);
-      break;
-    default:
-      PackKernel<0><<<grid, 256, 0, stream>>>(device_program);
-      break;
+    case Precision::kBf16: PackKernel<2><<<grid, 256, 0, stream>>>(device_program); break;
+    case Precision::kTf32: PackKernel<1><<<grid, 256, 0, stream>>>(device_program); break;
+    default: PackKernel<0><<<grid, 256, 0, stream>>>(device_program); break;
   }
   return cudaGetLastError();
 }

@@ -27,15 +27,15 @@ namespace qstream::kernels {
 enum class Precision : int32_t { kFp32 = 0, kTf32 = 1, kBf16 = 2 };
 inline int OperandBytes(Precision p) { return p == Precision::kBf16 ? 2 : 4; }
 
-inline constexpr int kFusedPad = 32;         // padded dims are multiples of this
-inline constexpr int kFusedMaxWidth = 512;   // widest activation a block holds
-inline constexpr int kFusedMaxOps = 12;      // ops per pass
+inline constexpr int kFusedPad = 32;        // padded dims are multiples of this
+inline constexpr int kFusedMaxWidth = 512;  // widest activation a block holds
+inline constexpr int kFusedMaxOps = 12;     // ops per pass
 inline constexpr int kFusedMaxPasses = 3;
-inline constexpr int kFusedThreads = 256;    // 8 warps
-inline constexpr int kFusedChunkN = 128;     // output columns per accumulator chunk
-inline constexpr int kFusedSlabK = 64;       // K per pipelined stage
-inline constexpr int kGradTile = 64;         // weight-gradient tile (out x in)
-inline constexpr int kMaxGradTiles = 256;    // weight-gradient tiles = norm partials
+inline constexpr int kFusedThreads = 256;  // 8 warps
+inline constexpr int kFusedChunkN = 128;   // output columns per accumulator chunk
+inline constexpr int kFusedSlabK = 64;     // K per pipelined stage
+inline constexpr int kGradTile = 64;       // weight-gradient tile (out x in)
+inline constexpr int kMaxGradTiles = 256;  // weight-gradient tiles = norm partials
 
 inline int FusedPadded(int n) { return (n + kFusedPad - 1) / kFusedPad * kFusedPad; }
 
@@ -101,7 +101,8 @@ struct FusedProgram {
 size_t FusedSharedBytes(const FusedProgram& program);
 // `device_program`: a copy of `program` in device memory (kept for the
 // graph's lifetime). Sets the kernel's shared memory attribute once.
-cudaError_t LaunchFusedChain(const FusedProgram& program, const FusedProgram* device_program, cudaStream_t stream);
+cudaError_t LaunchFusedChain(const FusedProgram& program, const FusedProgram* device_program,
+                             cudaStream_t stream);
 
 // Weight gradients: per job, dW[out][in] = sum_r dY[r][out] X[r][in] and
 // db[out] = sum_r dY[r][out] over rows r < rows, written to fp32 grads.

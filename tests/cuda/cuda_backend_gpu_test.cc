@@ -1,8 +1,6 @@
 // The whole CUDA step against the CPU backend (the oracle) on the same
 // inserted data, bitwise reproducibility, the in-graph guard, asynchronous
 // statistics and step times.
-#include "trainer/cuda/cuda_backend.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +16,7 @@
 #include "trainer/config.h"
 #include "trainer/cpu/cpu_backend.h"
 #include "trainer/cpu/forward.h"
+#include "trainer/cuda/cuda_backend.h"
 
 namespace qstream {
 namespace {
@@ -151,8 +150,9 @@ TEST_P(StepVsCpuTest, TwentyStepsMatchCpuBackend) {
     worst = std::max(worst, err);
     EXPECT_LE(err, tol) << "params after step " << step;
   }
-  std::cout << "[ info ] worst params rel error over 20 steps (" << v1::TrainerConfig::MatmulPrecision_Name(precision)
-            << ", " << gpu->device() << "): " << worst << "\n";
+  std::cout << "[ info ] worst params rel error over 20 steps ("
+            << v1::TrainerConfig::MatmulPrecision_Name(precision) << ", " << gpu->device() << "): " << worst
+            << "\n";
   EXPECT_EQ(gpu->steps(), 20);
   EXPECT_EQ(gpu->guard_trips(), cpu->guard_trips());
   // The trained networks give the same Q-values.
@@ -165,7 +165,8 @@ TEST_P(StepVsCpuTest, TwentyStepsMatchCpuBackend) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Precision, StepVsCpuTest,
-                         ::testing::Combine(::testing::Values(v1::TrainerConfig::FP32, v1::TrainerConfig::TF32,
+                         ::testing::Combine(::testing::Values(v1::TrainerConfig::FP32,
+                                                              v1::TrainerConfig::TF32,
                                                               v1::TrainerConfig::BF16),
                                             ::testing::Bool()),
                          [](const auto& info) {
@@ -313,7 +314,8 @@ TEST(CudaBackend, H200FusedAndCublasPathsAgree) {
     auto b = MustCreate(*c, true);
     unsetenv("QSTREAM_CUDA_PATH");
     ASSERT_TRUE(b);
-    EXPECT_NE(b->device().find(path == 0 ? "[fused fp32]" : "[cublaslt fp32"), std::string::npos) << b->device();
+    EXPECT_NE(b->device().find(path == 0 ? "[fused fp32]" : "[cublaslt fp32"), std::string::npos)
+        << b->device();
     ASSERT_TRUE(b->Insert(RandomTransitions(*c, 3000, 8)).ok());
     for (int step = 0; step < 5; ++step) ASSERT_TRUE(b->Step().ok());
     params[path] = b->GetParams();

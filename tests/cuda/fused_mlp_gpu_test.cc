@@ -4,8 +4,6 @@
 // widths, a batch that is not a multiple of the row tile, one and three
 // trunk layers): the forward logits of all three passes, every layer's
 // weight and bias gradient, the norm partials, and bitwise repeatability.
-#include "trainer/cuda/fused_network.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +14,7 @@
 #include <vector>
 
 #include "tests/cuda/gpu_test_util.h"
+#include "trainer/cuda/fused_network.h"
 #include "trainer/network_spec.h"
 
 namespace qstream {
@@ -66,7 +65,8 @@ float RoundTo(Precision p, float v) {
 
 // y[r][o] = sum_i x[r][i] W[o][i] + b[o], optional ReLU; hidden outputs are
 // rounded to the operand type as the device stores them (`round`).
-Mat Linear(const LinearView& l, const std::vector<float>& p, const Mat& x, int rows, bool relu, Precision round) {
+Mat Linear(const LinearView& l, const std::vector<float>& p, const Mat& x, int rows, bool relu,
+           Precision round) {
   Mat y(size_t(rows) * l.out);
   for (int r = 0; r < rows; ++r) {
     for (int o = 0; o < l.out; ++o) {
@@ -87,7 +87,8 @@ struct Forward {
 // as it rounds them, products and sums exact, so only its fp32 accumulation
 // order differs (and a ReLU or rounding decision flips only where that is
 // within fp32 rounding).
-Forward RunForward(const NetworkSpec& spec, const std::vector<float>& p, const Mat& x, int rows, Precision round) {
+Forward RunForward(const NetworkSpec& spec, const std::vector<float>& p, const Mat& x, int rows,
+                   Precision round) {
   Forward f;
   f.trunk.reserve(spec.trunk.size());
   const Mat* in = &x;
@@ -160,7 +161,9 @@ void UploadOperand(Precision p, const std::vector<float>& values, int rows, int 
 // rounded types, the rare element whose rounding that flips).
 double Tolerance(Precision p) { return p == Precision::kFp32 ? 2e-5 : 1e-3; }
 
-const char* Name(Precision p) { return p == Precision::kFp32 ? "Fp32" : p == Precision::kTf32 ? "Tf32" : "Bf16"; }
+const char* Name(Precision p) {
+  return p == Precision::kFp32 ? "Fp32" : p == Precision::kTf32 ? "Tf32" : "Bf16";
+}
 
 class FusedNetworkTest : public ::testing::TestWithParam<std::tuple<Precision, int>> {};
 
@@ -216,7 +219,8 @@ TEST_P(FusedNetworkTest, ForwardAndGradientsMatchDoubleReference) {
   const int Z = spec.num_atoms;
   const int AZ = spec.adv_out.out;
   std::vector<float> v_logits(size_t(3) * B * Z), a_logits(size_t(3) * B * AZ);
-  QS_ASSERT_CUDA(cudaMemcpy(v_logits.data(), net.value_logits(), v_logits.size() * 4, cudaMemcpyDeviceToHost));
+  QS_ASSERT_CUDA(
+      cudaMemcpy(v_logits.data(), net.value_logits(), v_logits.size() * 4, cudaMemcpyDeviceToHost));
   QS_ASSERT_CUDA(cudaMemcpy(a_logits.data(), net.adv_logits(), a_logits.size() * 4, cudaMemcpyDeviceToHost));
   const Mat xs = Rows(x, 0, B, spec.obs_dim);
   const Mat xn = Rows(x, B, B, spec.obs_dim);
@@ -228,8 +232,8 @@ TEST_P(FusedNetworkTest, ForwardAndGradientsMatchDoubleReference) {
     const double ea = RelError(Slice(a_logits, int64_t{p} * B * AZ, int64_t{B} * AZ), ref[p].a);
     EXPECT_LE(ev, tol) << "value logits, pass " << p;
     EXPECT_LE(ea, tol) << "advantage logits, pass " << p;
-    std::cout << "[ info ] " << shape.name << " " << Name(prec) << " pass " << p << " logits rel err " << ev << " / "
-              << ea << "\n";
+    std::cout << "[ info ] " << shape.name << " " << Name(prec) << " pass " << p << " logits rel err " << ev
+              << " / " << ea << "\n";
   }
 
   // Backward from fresh random d logits.
@@ -277,8 +281,8 @@ TEST_P(FusedNetworkTest, ForwardAndGradientsMatchDoubleReference) {
     const double eb = RelError(Slice(grads, l.b_offset, l.out), b);
     EXPECT_LE(ew, 3 * tol) << "dW of layer " << l.w_offset;
     EXPECT_LE(eb, 3 * tol) << "db of layer " << l.b_offset;
-    std::cout << "[ info ] " << shape.name << " " << Name(prec) << " layer@" << l.w_offset << " dW " << ew << " db "
-              << eb << "\n";
+    std::cout << "[ info ] " << shape.name << " " << Name(prec) << " layer@" << l.w_offset << " dW " << ew
+              << " db " << eb << "\n";
   }
   for (float g : grads) norm_sq += double(g) * g;
   double partial_sum = 0;
@@ -296,7 +300,8 @@ TEST_P(FusedNetworkTest, ForwardAndGradientsMatchDoubleReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPrecisions, FusedNetworkTest,
-                         ::testing::Combine(::testing::Values(Precision::kFp32, Precision::kTf32, Precision::kBf16),
+                         ::testing::Combine(::testing::Values(Precision::kFp32, Precision::kTf32,
+                                                              Precision::kBf16),
                                             ::testing::Values(0, 1, 2)),
                          [](const auto& info) {
                            return std::string(Name(std::get<0>(info.param))) + "_" +
@@ -312,13 +317,15 @@ TEST(FusedNetwork, UnsupportedShapesSayWhy) {
   nc.add_branch_actions(2);
   auto spec = NetworkSpec::Create(nc);
   ASSERT_TRUE(spec.ok());
-  EXPECT_NE(cuda::FusedNetwork::Unsupported(*spec, 32, Precision::kFp32, 227 * 1024).find("1024"), std::string::npos);
+  EXPECT_NE(cuda::FusedNetwork::Unsupported(*spec, 32, Precision::kFp32, 227 * 1024).find("1024"),
+            std::string::npos);
   nc.clear_trunk_hidden();
   nc.add_trunk_hidden(256);
   spec = NetworkSpec::Create(nc);
   ASSERT_TRUE(spec.ok());
   EXPECT_EQ(cuda::FusedNetwork::Unsupported(*spec, 32, Precision::kFp32, 227 * 1024), "");
-  EXPECT_NE(cuda::FusedNetwork::Unsupported(*spec, 32, Precision::kFp32, 48 * 1024).find("shared memory"), std::string::npos);
+  EXPECT_NE(cuda::FusedNetwork::Unsupported(*spec, 32, Precision::kFp32, 48 * 1024).find("shared memory"),
+            std::string::npos);
 }
 
 }  // namespace

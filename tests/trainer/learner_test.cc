@@ -104,9 +104,6 @@ class FakeBackend : public Backend {
     return std::vector<float>(spec_.num_params, static_cast<float>(state_->steps));
   }
   absl::Status SetParams(const std::vector<float>&) override { return absl::UnimplementedError("fake"); }
-  absl::Status ComputeQ(const float*, int64_t, std::vector<float>*) override {
-    return absl::UnimplementedError("fake");
-  }
   absl::Status SaveState(bool, BackendState*) override { return absl::UnimplementedError("fake"); }
   absl::Status LoadState(const BackendState&, StateParts) override { return absl::UnimplementedError("fake"); }
 

@@ -106,6 +106,7 @@ class CpuBackend : public Backend {
   }
   absl::Status SaveState(bool include_replay, BackendState* out) override;
   absl::Status LoadState(const BackendState& state, StateParts parts) override;
+
  private:
   double Beta(int64_t t) const;
   void Gather() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -3,8 +3,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <deque>
 #include <utility>
 #include <vector>
@@ -292,7 +292,8 @@ absl::Status CudaBackend::Init() {
   QS_RETURN_IF_ERROR(d_adv_hidden_.Allocate(size_t(B) * spec_.head_hidden));
   d_trunk_.resize(spec_.trunk.size());
   for (size_t k = 0; k < spec_.trunk.size(); ++k) QS_RETURN_IF_ERROR(d_trunk_[k].Allocate(size_t(B) * spec_.trunk[k].out));
-  static_assert(kernels::kMaxGradTiles <= kernels::kNormBlocks, "weight-gradient tiles write the norm partials");
+  static_assert(kernels::kMaxGradTiles <= kernels::kNormBlocks,
+                "weight-gradient tiles write the norm partials");
   QS_RETURN_IF_ERROR(norm_partials_.Allocate(kernels::kNormBlocks));
   QS_RETURN_IF_ERROR(prefix_.Allocate(capacity));
   size_t temp_bytes = 0;
@@ -326,9 +327,10 @@ absl::Status CudaBackend::Init() {
   const std::string forced = env_path != nullptr ? env_path : "auto";
   if (forced == "cublas") {
     why_not = "QSTREAM_CUDA_PATH=cublas";
-  } else if (forced != "fused" && why_not.empty() && cuda::FusedNetwork::WidestPadded(spec_) > cuda::kFusedAutoWidth) {
-    why_not = absl::StrCat("auto: ", cuda::FusedNetwork::WidestPadded(spec_), " features > ", cuda::kFusedAutoWidth,
-                           ", QSTREAM_CUDA_PATH=fused forces it");
+  } else if (forced != "fused" && why_not.empty() &&
+             cuda::FusedNetwork::WidestPadded(spec_) > cuda::kFusedAutoWidth) {
+    why_not = absl::StrCat("auto: ", cuda::FusedNetwork::WidestPadded(spec_), " features > ",
+                           cuda::kFusedAutoWidth, ", QSTREAM_CUDA_PATH=fused forces it");
   }
   if (why_not.empty()) {
     fused_ = std::make_unique<cuda::FusedNetwork>();

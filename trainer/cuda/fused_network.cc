@@ -32,11 +32,12 @@ int FusedNetwork::WidestPadded(const NetworkSpec& spec) {
 std::string FusedNetwork::Unsupported(const NetworkSpec& spec, int batch, kernels::Precision precision,
                                       size_t shared_limit) {
   const int layers = static_cast<int>(spec.trunk.size());
-  if (layers < 1 || layers > kMaxTrunk) return absl::StrCat("trunk of ", layers, " layers (fused: 1..", kMaxTrunk, ")");
+  if (layers < 1 || layers > kMaxTrunk)
+    return absl::StrCat("trunk of ", layers, " layers (fused: 1..", kMaxTrunk, ")");
   const int widest = WidestPadded(spec);
   if (widest > kernels::kFusedMaxWidth) {
-    return absl::StrCat("a layer (or 2 x head_hidden) of ", widest, " padded features (fused: <= ",
-                        kernels::kFusedMaxWidth, ")");
+    return absl::StrCat("a layer (or 2 x head_hidden) of ", widest,
+                        " padded features (fused: <= ", kernels::kFusedMaxWidth, ")");
   }
   kernels::FusedProgram probe;
   probe.precision = precision;
@@ -44,14 +45,16 @@ std::string FusedNetwork::Unsupported(const NetworkSpec& spec, int batch, kernel
   probe.buf_ld = widest + 8;
   // + the pass descriptor each block keeps in static shared memory.
   if (kernels::FusedSharedBytes(probe) + sizeof(kernels::FusedPass) + 128 > shared_limit) {
-    return absl::StrCat("needs ", kernels::FusedSharedBytes(probe), " bytes of shared memory per block, the device allows ",
-                        shared_limit);
+    return absl::StrCat("needs ", kernels::FusedSharedBytes(probe),
+                        " bytes of shared memory per block, the device allows ", shared_limit);
   }
   int tiles = 0;
   for (const LinearView& l : spec.layers()) {
-    tiles += ((l.out + kernels::kGradTile - 1) / kernels::kGradTile) * ((l.in + kernels::kGradTile - 1) / kernels::kGradTile);
+    tiles += ((l.out + kernels::kGradTile - 1) / kernels::kGradTile) *
+             ((l.in + kernels::kGradTile - 1) / kernels::kGradTile);
   }
-  if (tiles > kernels::kMaxGradTiles) return absl::StrCat(tiles, " weight-gradient tiles (fused: <= ", kernels::kMaxGradTiles, ")");
+  if (tiles > kernels::kMaxGradTiles)
+    return absl::StrCat(tiles, " weight-gradient tiles (fused: <= ", kernels::kMaxGradTiles, ")");
   if (batch < 1) return "batch_size < 1";
   return "";
 }
@@ -338,15 +341,18 @@ absl::Status FusedNetwork::Init(const NetworkSpec& spec, int batch, kernels::Pre
   grad_job(spec.adv_hidden, Offset(dh_.get(), hp_, elem_), hh, hp_, t_op_[L - 1].get(), topp, topp);
   grad_job(spec.value_out, dv_.get(), zp_, zp_, h_op_.get(), hh, hp_);
   grad_job(spec.adv_out, da_.get(), azp_, azp_, Offset(h_op_.get(), hp_, elem_), hh, hp_);
-  if (!kernels::PlanGradTiles(&grad_)) return absl::InternalError("fused network: too many weight-gradient tiles");
+  if (!kernels::PlanGradTiles(&grad_))
+    return absl::InternalError("fused network: too many weight-gradient tiles");
 
   QS_RETURN_IF_ERROR(d_pack_.Allocate(1));
   QS_RETURN_IF_ERROR(d_forward_.Allocate(1));
   QS_RETURN_IF_ERROR(d_backward_.Allocate(1));
   QS_RETURN_IF_ERROR(d_grad_.Allocate(1));
   QS_CUDA_CHECK(cudaMemcpyAsync(d_pack_.get(), &pack_, sizeof(pack_), cudaMemcpyHostToDevice, stream));
-  QS_CUDA_CHECK(cudaMemcpyAsync(d_forward_.get(), &forward_, sizeof(forward_), cudaMemcpyHostToDevice, stream));
-  QS_CUDA_CHECK(cudaMemcpyAsync(d_backward_.get(), &backward_, sizeof(backward_), cudaMemcpyHostToDevice, stream));
+  QS_CUDA_CHECK(
+      cudaMemcpyAsync(d_forward_.get(), &forward_, sizeof(forward_), cudaMemcpyHostToDevice, stream));
+  QS_CUDA_CHECK(
+      cudaMemcpyAsync(d_backward_.get(), &backward_, sizeof(backward_), cudaMemcpyHostToDevice, stream));
   QS_CUDA_CHECK(cudaMemcpyAsync(d_grad_.get(), &grad_, sizeof(grad_), cudaMemcpyHostToDevice, stream));
   QS_CUDA_CHECK(cudaStreamSynchronize(stream));
   return absl::OkStatus();

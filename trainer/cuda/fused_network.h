@@ -21,11 +21,11 @@ namespace qstream::cuda {
 
 // The buffers the fused passes read and write outside their own.
 struct FusedNetworkIo {
-  const float* params = nullptr;  // online, NetworkSpec layout
-  const float* target = nullptr;  // target, same layout
-  float* grads = nullptr;         // written by WeightGrad
-  const float* x = nullptr;       // fp32 [2B][obs_dim]: s rows, then s'
-  float* norm_partials = nullptr; // kernels::kMaxGradTiles, written by WeightGrad
+  const float* params = nullptr;   // online, NetworkSpec layout
+  const float* target = nullptr;   // target, same layout
+  float* grads = nullptr;          // written by WeightGrad
+  const float* x = nullptr;        // fp32 [2B][obs_dim]: s rows, then s'
+  float* norm_partials = nullptr;  // kernels::kMaxGradTiles, written by WeightGrad
 };
 
 // The widest padded activation (trunk layers, 2 x head_hidden, obs) up to
@@ -39,8 +39,8 @@ class FusedNetwork {
   static std::string Unsupported(const NetworkSpec& spec, int batch, kernels::Precision precision,
                                  size_t shared_limit);
 
-  absl::Status Init(const NetworkSpec& spec, int batch, kernels::Precision precision, const FusedNetworkIo& io,
-                    cudaStream_t stream);
+  absl::Status Init(const NetworkSpec& spec, int batch, kernels::Precision precision,
+                    const FusedNetworkIo& io, cudaStream_t stream);
 
   absl::Status EnqueuePack(cudaStream_t stream) const;
   absl::Status EnqueueForward(cudaStream_t stream) const;
