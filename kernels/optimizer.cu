@@ -48,19 +48,19 @@ __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs 
   if (threadIdx.x == 0) {
     const float loss = wce / a.batch;
     const float norm = sqrtf(norm_sq);
-    int32_t reason = 0;
+    int32_t reason = step::kGuardNone;
     if (!isfinite(loss)) {
-      reason = 1;
+      reason = step::kGuardNonFiniteLoss;
     } else if (!isfinite(norm)) {
-      reason = 2;
+      reason = step::kGuardNonFiniteGrad;
     } else if (a.max_grad_norm > 0.0f && norm > a.max_grad_norm) {
-      reason = 3;
+      reason = step::kGuardGradNorm;
     } else if (bad > 0.0f || fmaxf(fabsf(qmin), fabsf(qmax)) > a.q_bound) {
-      reason = 4;
+      reason = step::kGuardQRange;
     }
-    s->apply = reason == 0 ? 1 : 0;
+    s->apply = reason == step::kGuardNone ? 1 : 0;
     s->clip_scale = a.clip_grad_norm > 0.0f ? fminf(1.0f, a.clip_grad_norm / (norm + 1e-6f)) : 1.0f;
-    if (reason == 0) {
+    if (reason == step::kGuardNone) {
       const int64_t k = ++s->adam_updates;
       s->bias_correction1 = static_cast<float>(1.0 - pow(static_cast<double>(a.beta1), static_cast<double>(k)));
       s->bias_correction2 = static_cast<float>(1.0 - pow(static_cast<double>(a.beta2), static_cast<double>(k)));

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "common/step_constants.h"
+
 namespace qstream::kernels {
 
 // Row-major matrix: rows x cols, element (r, c) at data[r * cols + c].
@@ -54,7 +56,7 @@ struct DeviceStats {
   int32_t applied = 0;
 };
 
-inline constexpr int kNumGuardReasonsDevice = 5;
+inline constexpr int kNumGuardReasonsDevice = step::kNumGuardReasons;
 
 // Every scalar the step carries from one graph replay to the next lives here,
 // so the captured graph never needs re-capture: replay size/cursor (written by

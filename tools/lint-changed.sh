@@ -158,6 +158,7 @@ for f in "${files[@]}"; do
       if [ -z "${in_db[$tu]+x}" ]; then
         tu=""
         for c in "${db_files[@]}"; do
+          case "$c" in *.cu | *.cuh) continue ;; esac  # clang-tidy cannot take nvcc's flags
           if grep -q "^#include \"$f\"" "$c" 2>/dev/null; then tu=$c; break; fi
         done
       fi

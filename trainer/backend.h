@@ -50,6 +50,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/step_constants.h"
 #include "qstream/v1/config.pb.h"
 #include "trainer/backend_state.h"
 #include "trainer/network_spec.h"
@@ -58,13 +59,13 @@
 namespace qstream {
 
 enum class GuardReason : int32_t {
-  kNone = 0,
-  kNonFiniteLoss = 1,
-  kNonFiniteGrad = 2,
-  kGradNorm = 3,
-  kQRange = 4,
+  kNone = step::kGuardNone,
+  kNonFiniteLoss = step::kGuardNonFiniteLoss,
+  kNonFiniteGrad = step::kGuardNonFiniteGrad,
+  kGradNorm = step::kGuardGradNorm,
+  kQRange = step::kGuardQRange,
 };
-inline constexpr int kNumGuardReasons = 5;
+inline constexpr int kNumGuardReasons = step::kNumGuardReasons;
 // Metric label of a reason: "none", "nonfinite_loss", "nonfinite_grad", "grad_norm", "q_range".
 const char* GuardReasonName(GuardReason reason);
 

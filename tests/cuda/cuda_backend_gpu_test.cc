@@ -3,6 +3,7 @@
 // statistics and step times.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -237,7 +238,7 @@ TEST(CudaBackend, TwoRunsBitwiseEqual) {
     }
     ASSERT_EQ(params[0].size(), params[1].size());
     EXPECT_EQ(std::memcmp(params[0].data(), params[1].data(), params[0].size() * sizeof(float)), 0);
-    EXPECT_EQ(std::memcmp(&stats[0].loss, &stats[1].loss, sizeof(float)), 0);
+    EXPECT_EQ(std::bit_cast<uint32_t>(stats[0].loss), std::bit_cast<uint32_t>(stats[1].loss));
     EXPECT_EQ(stats[0].step, 20);
   }
 }

@@ -187,7 +187,7 @@ TEST_P(FusedNetworkTest, ForwardAndGradientsMatchDoubleReference) {
   ASSERT_TRUE(spec_or.ok()) << spec_or.status();
   const NetworkSpec& spec = *spec_or;
   const int B = shape.batch;
-  ASSERT_EQ(cuda::FusedNetwork::Unsupported(spec, B, prec, 227 * 1024), "");
+  ASSERT_EQ(cuda::FusedNetwork::Unsupported(spec, B, prec, size_t{227} * 1024), "");
 
   std::mt19937_64 rng(std::random_device{}());
   // Params drawn like InitParams, then rounded to the operand type (the
@@ -317,15 +317,16 @@ TEST(FusedNetwork, UnsupportedShapesSayWhy) {
   nc.add_branch_actions(2);
   auto spec = NetworkSpec::Create(nc);
   ASSERT_TRUE(spec.ok());
-  EXPECT_NE(cuda::FusedNetwork::Unsupported(*spec, 32, Precision::kFp32, 227 * 1024).find("1024"),
+  EXPECT_NE(cuda::FusedNetwork::Unsupported(*spec, 32, Precision::kFp32, size_t{227} * 1024).find("1024"),
             std::string::npos);
   nc.clear_trunk_hidden();
   nc.add_trunk_hidden(256);
   spec = NetworkSpec::Create(nc);
   ASSERT_TRUE(spec.ok());
-  EXPECT_EQ(cuda::FusedNetwork::Unsupported(*spec, 32, Precision::kFp32, 227 * 1024), "");
-  EXPECT_NE(cuda::FusedNetwork::Unsupported(*spec, 32, Precision::kFp32, 48 * 1024).find("shared memory"),
-            std::string::npos);
+  EXPECT_EQ(cuda::FusedNetwork::Unsupported(*spec, 32, Precision::kFp32, size_t{227} * 1024), "");
+  EXPECT_NE(
+      cuda::FusedNetwork::Unsupported(*spec, 32, Precision::kFp32, size_t{48} * 1024).find("shared memory"),
+      std::string::npos);
 }
 
 }  // namespace

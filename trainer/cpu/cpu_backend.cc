@@ -21,8 +21,6 @@
 namespace qstream {
 namespace {
 
-// |Q| may exceed the support bound by float rounding of sum_z p_z z.
-constexpr double kSupportBoundSlack = 1e-4;
 // Step times kept for DrainStepTimes when nobody drains (bench, tests).
 constexpr size_t kMaxUndrainedStepTimes = size_t{1} << 16;
 
@@ -36,10 +34,7 @@ class CpuBackend : public Backend {
       : config_(config),
         spec_(std::move(spec)),
         batch_size_(config.replay().batch_size()),
-        q_bound_(config.guard().max_abs_q() > 0
-                     ? config.guard().max_abs_q()
-                     : static_cast<float>(std::max(std::fabs(spec_.v_min), std::fabs(spec_.v_max)) *
-                                          (1.0 + kSupportBoundSlack))),
+        q_bound_(step::QBound(config.guard().max_abs_q(), spec_.v_min, spec_.v_max)),
         replay_(config.replay().capacity(), spec_.obs_dim, spec_.num_branches()),
         params_(ToAligned(InitParams(spec_, config.seed()))),
         target_(params_),

@@ -32,8 +32,6 @@ using cuda::DeviceBuffer;
 using cuda::Event;
 using cuda::PinnedBuffer;
 
-// |Q| may exceed the support bound by float rounding of sum_z p_z z (as the CPU backend).
-constexpr double kSupportBoundSlack = 1e-4;
 // Pinned copies of the device statistics in flight at once.
 constexpr int kStatsSlots = 4;
 // Step-time windows (event pairs) that may wait for DrainStepTimes.
@@ -464,10 +462,7 @@ absl::Status CudaBackend::EnqueueStep() {
   fin.num_branches = spec_.num_branches();
   fin.total_actions = spec_.total_actions();
   fin.max_grad_norm = config_.guard().max_grad_norm();
-  fin.q_bound = config_.guard().max_abs_q() > 0
-                    ? config_.guard().max_abs_q()
-                    : static_cast<float>(std::max(std::fabs(spec_.v_min), std::fabs(spec_.v_max)) *
-                                         (1.0 + kSupportBoundSlack));
+  fin.q_bound = step::QBound(config_.guard().max_abs_q(), spec_.v_min, spec_.v_max);
   fin.clip_grad_norm = opt.clip_grad_norm();
   fin.beta1 = opt.beta1();
   fin.beta2 = opt.beta2();

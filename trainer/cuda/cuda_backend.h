@@ -2,11 +2,14 @@
 // CUDA graph (sample -> gather -> forward -> loss -> backward -> guard ->
 // Adam + target -> priority write-back) and replayed by Step().
 //
-// GEMMs go through cuBLASLt with bias/ReLU in the epilogues and the online
-// and target forward passes as one strided-batch GEMM per layer. The
-// environment variable QSTREAM_CUDA_EPILOGUES=unbatched|unfused forces the
-// simpler paths (two forward GEMMs per layer; plain GEMMs + bias/ReLU
-// kernels) for diagnosis; device() names the path when it is not the default.
+// The network passes run fused (trainer/cuda/fused_network.h: a chain kernel
+// per pass with activations in shared memory, one weight-gradient kernel) or
+// through cuBLASLt (trainer/cuda/gemm.h, bias/ReLU in the epilogues, online
+// and target forward as one strided-batch GEMM per layer). The environment
+// variable QSTREAM_CUDA_PATH=auto|fused|cublas picks the path (auto: fused up
+// to cuda::kFusedAutoWidth features, where it was measured faster);
+// QSTREAM_CUDA_EPILOGUES=unbatched|unfused forces the simpler cuBLASLt paths
+// for diagnosis. device() names the path in brackets, and why.
 #pragma once
 
 #include <memory>

@@ -115,7 +115,7 @@ absl::Status FusedNetwork::Init(const NetworkSpec& spec, int batch, kernels::Pre
   };
   auto bias = [&](int np) {
     const int64_t o = bias_elems;
-    bias_elems += (np + 63) / 64 * 64;
+    bias_elems += int64_t{(np + 63) / 64} * 64;
     return o;
   };
   struct ForwardMats {

@@ -1,0 +1,31 @@
+// Constants of the learner step that host code and CUDA kernels share, defined
+// once (trainer/backend.h states the contract they implement). Plain C++17, no
+// dependencies, so kernels/ can include it without reaching into trainer/.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace qstream::step {
+
+// Guard reasons (backend.h step 9), first match wins. trainer's GuardReason
+// enum and the device's DeviceState counters use these values.
+inline constexpr int32_t kGuardNone = 0;
+inline constexpr int32_t kGuardNonFiniteLoss = 1;
+inline constexpr int32_t kGuardNonFiniteGrad = 2;
+inline constexpr int32_t kGuardGradNorm = 3;
+inline constexpr int32_t kGuardQRange = 4;
+inline constexpr int kNumGuardReasons = 5;
+
+// |Q| may exceed the support bound by float rounding of sum_z p_z z.
+inline constexpr double kSupportBoundSlack = 1e-4;
+
+// The guard's largest allowed |Q|: max_abs_q when > 0, else the support's
+// bound max(|v_min|, |v_max|) with kSupportBoundSlack.
+inline float QBound(float max_abs_q, float v_min, float v_max) {
+  if (max_abs_q > 0) return max_abs_q;
+  const double bound = std::fabs(v_min) > std::fabs(v_max) ? std::fabs(v_min) : std::fabs(v_max);
+  return static_cast<float>(bound * (1.0 + kSupportBoundSlack));
+}
+
+}  // namespace qstream::step
