@@ -57,7 +57,7 @@ cudaError_t PriorityScanTempBytes(int64_t capacity, size_t* bytes);
 // Every output is bitwise reproducible. indices is NONDECREASING in b (u_b
 // increases with b since b + r_b < b + 1, the rounded double ops, floor, the
 // search and the clamp are all monotone), so equal indices are adjacent: the
-// priority write-back (optimizer.h, LaunchFinalize) relies on this for its
+// priority write-back (step_finalize.h, LaunchFinalize) relies on this for its
 // O(1) one-writer-per-slot rule.
 // batch == 0 runs the scan only.
 cudaError_t LaunchPrioritySample(const PrioritySampleArgs& args, cudaStream_t stream);

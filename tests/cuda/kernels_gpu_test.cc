@@ -17,6 +17,7 @@
 #include "kernels/c51_loss.h"
 #include "kernels/optimizer.h"
 #include "kernels/per_sample.h"
+#include "kernels/step_finalize.h"
 #include "kernels/views.h"
 #include "tests/cuda/gpu_test_util.h"
 #include "trainer/cpu/c51_loss.h"

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <deque>
 #include <utility>
 #include <vector>
 
@@ -17,6 +16,7 @@
 #include "kernels/c51_loss.h"
 #include "kernels/optimizer.h"
 #include "kernels/per_sample.h"
+#include "kernels/step_finalize.h"
 #include "kernels/views.h"
 #include "trainer/config.h"
 #include "trainer/cuda/cuda_status.h"
@@ -24,6 +24,7 @@
 #include "trainer/cuda/device_replay.h"
 #include "trainer/cuda/fused_network.h"
 #include "trainer/cuda/gemm.h"
+#include "trainer/cuda/step_times.h"
 
 namespace qstream {
 namespace {
@@ -34,8 +35,6 @@ using cuda::PinnedBuffer;
 
 // Pinned copies of the device statistics in flight at once.
 constexpr int kStatsSlots = 4;
-// Step-time windows (event pairs) that may wait for DrainStepTimes.
-constexpr int kTimingWindows = 512;
 // The target parameters start this many floats (256 bytes) aligned after
 // the online ones, so both batches of a strided GEMM are equally aligned.
 constexpr int64_t kParamAlignFloats = 64;
@@ -90,7 +89,7 @@ class CudaBackend final : public Backend {
   absl::Status Insert(const TransitionColumns& batch) override {
     absl::MutexLock lock(&mu_);
     // An upload between replays is not step time: the window ends before it.
-    QS_RETURN_IF_ERROR(CloseWindow());
+    QS_RETURN_IF_ERROR(step_times_.Close());
     return replay_->Insert(batch);
   }
   int64_t replay_size() const override {
@@ -138,8 +137,6 @@ class CudaBackend final : public Backend {
   absl::Status EnqueueLoss();
   absl::Status EnqueueStatsCopy() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HarvestStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status OpenWindow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CloseWindow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const v1::TrainerConfig config_;
   const NetworkSpec spec_;
@@ -198,14 +195,7 @@ class CudaBackend final : public Backend {
   std::vector<int64_t> latest_trips_ ABSL_GUARDED_BY(mu_);
 
   // Step-time windows: event pairs around runs of graph replays.
-  struct Window {
-    Event start, end;
-    int64_t steps = 0;
-  };
-  std::vector<Window> windows_;
-  std::deque<int> free_windows_ ABSL_GUARDED_BY(mu_);
-  std::deque<int> pending_windows_ ABSL_GUARDED_BY(mu_);
-  int open_window_ ABSL_GUARDED_BY(mu_) = -1;
+  cuda::StepTimes step_times_ ABSL_GUARDED_BY(mu_);
 };
 
 CudaBackend::CudaBackend(const v1::TrainerConfig& config, NetworkSpec spec)
@@ -303,11 +293,9 @@ absl::Status CudaBackend::Init() {
   stats_copied_.resize(kStatsSlots);
   for (Event& e : stats_copied_) QS_RETURN_IF_ERROR(cuda::CreateEvent(&e, /*timing=*/false));
   stats_seq_.assign(kStatsSlots, -1);
-  windows_.resize(kTimingWindows);
-  for (int i = 0; i < kTimingWindows; ++i) {
-    QS_RETURN_IF_ERROR(cuda::CreateEvent(&windows_[i].start, /*timing=*/true));
-    QS_RETURN_IF_ERROR(cuda::CreateEvent(&windows_[i].end, /*timing=*/true));
-    free_windows_.push_back(i);
+  {
+    absl::MutexLock lock(&mu_);
+    QS_RETURN_IF_ERROR(step_times_.Init(stream_.get()));
   }
 
   // The fused network passes where they fit (and are not switched off), else cuBLASLt.
@@ -644,54 +632,20 @@ absl::Status CudaBackend::Step() {
   absl::MutexLock lock(&mu_);
   if (!error_.ok()) return error_;
   if (replay_->size() == 0) return absl::FailedPreconditionError("cuda backend: replay is empty");
-  QS_RETURN_IF_ERROR(OpenWindow());
+  QS_RETURN_IF_ERROR(step_times_.Open());
   QS_CUDA_CHECK(cudaGraphLaunch(exec_.get(), stream_.get()));
   ++steps_;
-  if (open_window_ >= 0) ++windows_[open_window_].steps;
+  step_times_.CountStep();
   if (steps_ % stats_every_ == 0) {
     QS_RETURN_IF_ERROR(EnqueueStatsCopy());
-    QS_RETURN_IF_ERROR(CloseWindow());
+    QS_RETURN_IF_ERROR(step_times_.Close());
   }
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::OpenWindow() {
-  if (open_window_ >= 0 || free_windows_.empty()) return absl::OkStatus();
-  open_window_ = free_windows_.front();
-  free_windows_.pop_front();
-  windows_[open_window_].steps = 0;
-  QS_CUDA_CHECK(cudaEventRecord(windows_[open_window_].start.get(), stream_.get()));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::CloseWindow() {
-  if (open_window_ < 0) return absl::OkStatus();
-  const int w = open_window_;
-  open_window_ = -1;
-  if (windows_[w].steps == 0) {
-    free_windows_.push_back(w);
-    return absl::OkStatus();
-  }
-  QS_CUDA_CHECK(cudaEventRecord(windows_[w].end.get(), stream_.get()));
-  pending_windows_.push_back(w);
   return absl::OkStatus();
 }
 
 void CudaBackend::DrainStepTimes(std::vector<std::pair<double, int64_t>>* out) {
   absl::MutexLock lock(&mu_);
-  while (!pending_windows_.empty()) {
-    const int w = pending_windows_.front();
-    const cudaError_t q = cudaEventQuery(windows_[w].end.get());
-    if (q == cudaErrorNotReady) break;
-    pending_windows_.pop_front();
-    free_windows_.push_back(w);
-    float ms = 0;
-    if (q != cudaSuccess || cudaEventElapsedTime(&ms, windows_[w].start.get(), windows_[w].end.get()) != cudaSuccess) {
-      if (error_.ok()) error_ = cuda::ToStatus(q, "step time event", __FILE__, __LINE__);
-      continue;
-    }
-    out->emplace_back(ms * 1e-3 / windows_[w].steps, windows_[w].steps);
-  }
+  if (absl::Status s = step_times_.Drain(out); !s.ok() && error_.ok()) error_ = s;
 }
 
 absl::Status CudaBackend::EnqueueStatsCopy() {
@@ -759,7 +713,7 @@ absl::Status CudaBackend::SetParams(const std::vector<float>& values) {
 absl::Status CudaBackend::SaveState(bool include_replay, BackendState* out) {
   absl::MutexLock lock(&mu_);
   if (!error_.ok()) return error_;
-  QS_RETURN_IF_ERROR(CloseWindow());
+  QS_RETURN_IF_ERROR(step_times_.Close());
   const size_t n = spec_.num_params;
   out->params.resize(n);
   out->target.resize(n);
@@ -788,7 +742,7 @@ absl::Status CudaBackend::LoadState(const BackendState& in, StateParts parts) {
   if (absl::Status st = CheckNetworkState(in, spec_.num_params); !st.ok()) return st;
   absl::MutexLock lock(&mu_);
   if (!error_.ok()) return error_;
-  QS_RETURN_IF_ERROR(CloseWindow());
+  QS_RETURN_IF_ERROR(step_times_.Close());
   cudaStream_t s = stream_.get();
   QS_CUDA_CHECK(cudaStreamSynchronize(s));
   if (parts == StateParts::kAll) {
