@@ -14,7 +14,6 @@ constexpr int kWarps = kFusedThreads / 32;  // weight-gradient blocks
 constexpr int kChainThreads = 256;          // chain blocks: 8 warps, a 16-column tile of every row tile each
 constexpr int kChainWarps = kChainThreads / 32;
 constexpr int kSkew = 8;  // elements added to every shared row (bank spread, keeps 32-byte alignment)
-constexpr int kBLd = kFusedChunkN + kSkew;
 constexpr int kALd = kFusedSlabK + kSkew;
 constexpr int kGLd = kGradTile + kSkew;
 constexpr int kStageLd = 16;  // per-warp accumulator staging, 16 x 16 floats
@@ -83,6 +82,18 @@ __device__ __forceinline__ void StageTile(T* dst, const T* src, int ld, int vali
 // for a global A) copied by cp.async kStages - 1 stages ahead, so the next
 // op's weights stream in while this op finishes.
 
+// Output columns per accumulator chunk: bf16 slabs are half the bytes, so
+// each warp takes two 16-column tiles of a 256-wide chunk (twice the MMAs per
+// staged slab); fp32/TF32 keep 128 (one tile per warp) to fit shared memory.
+template <int P>
+constexpr int ChunkN() {
+  return P == int(Precision::kBf16) ? 2 * kFusedChunkN : kFusedChunkN;
+}
+template <int P>
+constexpr int BLd() {
+  return ChunkN<P>() + kSkew;
+}
+
 template <int P>
 constexpr int ChainStages() {
   return P == int(Precision::kBf16) ? 4 : 3;
@@ -105,14 +116,14 @@ struct ChainShared {
     a_base = p;
     p += kStages * kRows * kALd;
     b_base = p;
-    p += kStages * kFusedSlabK * kBLd;
+    p += kStages * kFusedSlabK * BLd<P>();
     acc_stage = reinterpret_cast<float*>(p);
   }
   __device__ T* a_stage(int slot) const { return a_base + slot * (kRows * kALd); }
-  __device__ T* b_stage(int slot) const { return b_base + slot * (kFusedSlabK * kBLd); }
+  __device__ T* b_stage(int slot) const { return b_base + slot * (kFusedSlabK * BLd<P>()); }
   __device__ T* buffer(int i) const { return i == 0 ? buf[0] : buf[1]; }
   static size_t Bytes(int buf_ld) {
-    return sizeof(T) * (2 * kRows * buf_ld + kStages * kRows * kALd + kStages * kFusedSlabK * kBLd) +
+    return sizeof(T) * (2 * kRows * buf_ld + kStages * kRows * kALd + kStages * kFusedSlabK * BLd<P>()) +
            sizeof(float) * kChainWarps * 16 * kStageLd;
   }
 };
@@ -203,8 +214,9 @@ __device__ __forceinline__ void EmitRun(const EmitArgs& e, Elem<P>* out_buf, int
 }
 
 __device__ __forceinline__ int OpSlabs(const FusedOp& op) { return (op.kp + kFusedSlabK - 1) / kFusedSlabK; }
+template <int kChunk>
 __device__ __forceinline__ int OpStages(const FusedOp& op) {
-  return OpSlabs(op) * ((op.np + kFusedChunkN - 1) / kFusedChunkN);
+  return OpSlabs(op) * ((op.np + kChunk - 1) / kChunk);
 }
 
 template <int P, int kRows>
@@ -216,7 +228,11 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
   constexpr int kK = P == int(Precision::kBf16) ? 16 : 8;  // wmma k
   constexpr int kRowTiles = kRows / 16;
   constexpr int kMr = kRows / kChainWarps;  // SIMT rows per thread
-  constexpr int kCols = kFusedChunkN / 32;  // SIMT columns per thread
+  constexpr int kChunk = ChunkN<P>();
+  constexpr int kBLd = BLd<P>();
+  constexpr int kColTiles = kChunk / 16 / kChainWarps;  // tensor path: 16-column tiles per warp
+  constexpr int kCols = kChunk / 32;                    // SIMT columns per thread
+  static_assert(kTensor || kCols == 4, "the SIMT path covers 4 columns per lane");
   extern __shared__ __align__(128) char smem[];
   __shared__ FusedPass pass;
   __shared__ int pass_index;
@@ -237,7 +253,8 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
   __syncthreads();
   if (threadIdx.x == 0) {
     stage_begin[0] = 0;
-    for (int o = 0; o < pass.num_ops; ++o) stage_begin[o + 1] = stage_begin[o] + OpStages(pass.ops[o]);
+    for (int o = 0; o < pass.num_ops; ++o)
+      stage_begin[o + 1] = stage_begin[o] + OpStages<kChunk>(pass.ops[o]);
   }
   Shared sh(smem, buf_ld);
   const int row0 = (static_cast<int>(blockIdx.x) - pass.first_block) * kRows;
@@ -260,10 +277,10 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
       const FusedOp& op = pass.ops[o];
       const int slabs = OpSlabs(op);
       const int k0 = (st % slabs) * kFusedSlabK;
-      const int n0 = (st / slabs) * kFusedChunkN;
-      const int nc = min(kFusedChunkN, op.np - n0);
+      const int n0 = (st / slabs) * kChunk;
+      const int nc = min(kChunk, op.np - n0);
       const int slot = g % kStages;
-      StageTile<T, kFusedSlabK, kFusedChunkN, kBLd, kChainThreads>(
+      StageTile<T, kFusedSlabK, kChunk, kBLd, kChainThreads>(
           sh.b_stage(slot), static_cast<const T*>(op.b) + int64_t{k0} * op.np + n0, op.np, op.kp - k0, nc);
       if (op.a_buf < 0) {
         StageTile<T, kRows, kFusedSlabK, kALd, kChainThreads>(
@@ -290,15 +307,17 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
     }
   }
 
-  // Tensor path: warp w owns column tile w of each chunk, all row tiles
-  // (one B fragment feeds kRowTiles products).
-  const int ct = warp;
-  wmma::fragment<wmma::accumulator, 16, 16, kK, float> acc[kRowTiles];
+  // Tensor path: warp w owns column tiles w + 8 j (j < kColTiles) of each
+  // chunk, all row tiles: A fragments feed kColTiles products, B fragments
+  // kRowTiles.
+  wmma::fragment<wmma::accumulator, 16, 16, kK, float> acc[kColTiles][kRowTiles];
   float sacc[kMr][kCols];
   auto clear = [&]() {
     if constexpr (kTensor) {
 #pragma unroll
-      for (int i = 0; i < kRowTiles; ++i) wmma::fill_fragment(acc[i], 0.0f);
+      for (int j = 0; j < kColTiles; ++j)
+#pragma unroll
+        for (int i = 0; i < kRowTiles; ++i) wmma::fill_fragment(acc[j][i], 0.0f);
     } else {
 #pragma unroll
       for (int i = 0; i < kMr; ++i)
@@ -319,8 +338,8 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
     const int slab = st % slabs;
     const int k0 = slab * kFusedSlabK;
     const int kvalid = min(kFusedSlabK, op.kp - k0);
-    const int n0 = (st / slabs) * kFusedChunkN;
-    const int nc = min(kFusedChunkN, op.np - n0);
+    const int n0 = (st / slabs) * kChunk;
+    const int nc = min(kChunk, op.np - n0);
     const int slot = g % kStages;
     const bool a_global = op.a_buf < 0;
     const T* a_tile = a_global ? sh.a_stage(slot) : sh.buffer(op.a_buf) + op.a_col + k0;
@@ -328,16 +347,22 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
     const T* b_tile = sh.b_stage(slot);
     if constexpr (kTensor) {
       using Prec = std::conditional_t<kK == 8, wmma::precision::tf32, __nv_bfloat16>;
-      if (ct * 16 < nc) {
-#pragma unroll 4
+      if (warp * 16 < nc) {
+#pragma unroll 2
         for (int kk = 0; kk < kvalid; kk += kK) {
-          wmma::fragment<wmma::matrix_b, 16, 16, kK, Prec, wmma::row_major> bf;
-          wmma::load_matrix_sync(bf, b_tile + kk * kBLd + ct * 16, kBLd);
+          wmma::fragment<wmma::matrix_a, 16, 16, kK, Prec, wmma::row_major> af[kRowTiles];
 #pragma unroll
-          for (int i = 0; i < kRowTiles; ++i) {
-            wmma::fragment<wmma::matrix_a, 16, 16, kK, Prec, wmma::row_major> af;
-            wmma::load_matrix_sync(af, a_tile + (i * 16) * a_ld + kk, a_ld);
-            wmma::mma_sync(acc[i], af, bf, acc[i]);
+          for (int i = 0; i < kRowTiles; ++i)
+            wmma::load_matrix_sync(af[i], a_tile + (i * 16) * a_ld + kk, a_ld);
+#pragma unroll
+          for (int j = 0; j < kColTiles; ++j) {
+            const int ct = warp + kChainWarps * j;
+            if (ct * 16 < nc) {
+              wmma::fragment<wmma::matrix_b, 16, 16, kK, Prec, wmma::row_major> bf;
+              wmma::load_matrix_sync(bf, b_tile + kk * kBLd + ct * 16, kBLd);
+#pragma unroll
+              for (int i = 0; i < kRowTiles; ++i) wmma::mma_sync(acc[j][i], af[i], bf, acc[j][i]);
+            }
           }
         }
       }
@@ -363,14 +388,17 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
       const EmitArgs e(op, pass.rows);
       T* out_buf = e.out_buf >= 0 ? sh.buffer(e.out_buf) : nullptr;
       if constexpr (kTensor) {
-        if (ct * 16 < nc) {
-          // Lane: row lane / 2 of each 16 x 16 tile, columns (lane % 2) * 8 .. + 8.
-          float* stg = sh.acc_stage + warp * 16 * kStageLd;
-          const int tr = lane / 2;
-          const int tc = (lane % 2) * 8;
+        // Lane: row lane / 2 of each 16 x 16 tile, columns (lane % 2) * 8 .. + 8.
+        float* stg = sh.acc_stage + warp * 16 * kStageLd;
+        const int tr = lane / 2;
+        const int tc = (lane % 2) * 8;
+#pragma unroll
+        for (int j = 0; j < kColTiles; ++j) {
+          const int ct = warp + kChainWarps * j;
+          if (ct * 16 >= nc) continue;
 #pragma unroll
           for (int i = 0; i < kRowTiles; ++i) {
-            wmma::store_matrix_sync(stg, acc[i], kStageLd, wmma::mem_row_major);
+            wmma::store_matrix_sync(stg, acc[j][i], kStageLd, wmma::mem_row_major);
             __syncwarp();
             float v[8];
             CopyVec<32>(v, stg + tr * kStageLd + tc);

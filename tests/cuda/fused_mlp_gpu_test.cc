@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tests/cuda/gpu_test_util.h"
+#include "trainer/config.h"
 #include "trainer/cuda/fused_network.h"
 #include "trainer/network_spec.h"
 
@@ -327,6 +328,24 @@ TEST(FusedNetwork, UnsupportedShapesSayWhy) {
   EXPECT_NE(
       cuda::FusedNetwork::Unsupported(*spec, 32, Precision::kFp32, size_t{48} * 1024).find("shared memory"),
       std::string::npos);
+}
+
+// Where QSTREAM_CUDA_PATH=auto takes the fused path (no device needed).
+TEST(FusedNetwork, AutoChoiceFollowsTheMeasuredCrossover) {
+  auto h200 = BenchConfig("h200");
+  auto small = BenchConfig("small");
+  ASSERT_TRUE(h200.ok() && small.ok());
+  auto wide = NetworkSpec::Create(h200->network());
+  auto narrow = NetworkSpec::Create(small->network());
+  ASSERT_TRUE(wide.ok() && narrow.ok());
+  for (Precision p : {Precision::kFp32, Precision::kTf32, Precision::kBf16}) {
+    EXPECT_EQ(cuda::FusedNetwork::AutoDeclines(*narrow, 64, p), "") << Name(p);
+    EXPECT_NE(cuda::FusedNetwork::AutoDeclines(*wide, 256, p), "") << Name(p);
+  }
+  EXPECT_EQ(cuda::FusedNetwork::AutoDeclines(*wide, 1024, Precision::kBf16), "");
+  const std::string why = cuda::FusedNetwork::AutoDeclines(*wide, 1024, Precision::kTf32);
+  EXPECT_NE(why.find("256 features"), std::string::npos) << why;
+  EXPECT_NE(why.find("QSTREAM_CUDA_PATH=fused"), std::string::npos) << why;
 }
 
 }  // namespace

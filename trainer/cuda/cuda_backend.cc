@@ -306,17 +306,14 @@ absl::Status CudaBackend::Init() {
   const char* precision_name = kPrecisionNames[static_cast<int>(precision_)];
   std::string why_not = cuda::FusedNetwork::Unsupported(spec_, B, precision_, prop.sharedMemPerBlockOptin);
   if (prop.major < 8) why_not = absl::StrCat("compute capability ", prop.major, ".", prop.minor, " < 8.0");
-  // QSTREAM_CUDA_PATH=auto (default) | fused | cublas. auto takes the fused
-  // passes for networks up to kFusedAutoWidth features wide, where they were
-  // measured faster (bench/NOTES.md, v5); wider ones run faster on cuBLASLt.
+  // QSTREAM_CUDA_PATH=auto (default) | fused | cublas; auto: where the fused
+  // passes were measured faster (cuda::FusedNetwork::AutoDeclines).
   const char* env_path = std::getenv("QSTREAM_CUDA_PATH");
   const std::string forced = env_path != nullptr ? env_path : "auto";
   if (forced == "cublas") {
     why_not = "QSTREAM_CUDA_PATH=cublas";
-  } else if (forced != "fused" && why_not.empty() &&
-             cuda::FusedNetwork::WidestPadded(spec_) > cuda::kFusedAutoWidth) {
-    why_not = absl::StrCat("auto: ", cuda::FusedNetwork::WidestPadded(spec_), " features > ",
-                           cuda::kFusedAutoWidth, ", QSTREAM_CUDA_PATH=fused forces it");
+  } else if (forced != "fused" && why_not.empty()) {
+    why_not = cuda::FusedNetwork::AutoDeclines(spec_, B, precision_);
   }
   if (why_not.empty()) {
     fused_ = std::make_unique<cuda::FusedNetwork>();

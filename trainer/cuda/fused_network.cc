@@ -29,6 +29,17 @@ int FusedNetwork::WidestPadded(const NetworkSpec& spec) {
   return widest;
 }
 
+std::string FusedNetwork::AutoDeclines(const NetworkSpec& spec, int batch, kernels::Precision precision) {
+  const int widest = WidestPadded(spec);
+  if (widest <= kFusedAutoWidth) return "";
+  if (precision == kernels::Precision::kBf16 && widest <= kFusedAutoWidthBf16 &&
+      batch >= kFusedAutoBatchBf16) {
+    return "";
+  }
+  return absl::StrCat("auto: ", widest, " features > ", kFusedAutoWidth, " (bf16: > ", kFusedAutoWidthBf16,
+                      " or batch < ", kFusedAutoBatchBf16, "), QSTREAM_CUDA_PATH=fused forces it");
+}
+
 std::string FusedNetwork::Unsupported(const NetworkSpec& spec, int batch, kernels::Precision precision,
                                       size_t shared_limit) {
   const int layers = static_cast<int>(spec.trunk.size());

@@ -28,13 +28,19 @@ struct FusedNetworkIo {
   float* norm_partials = nullptr;  // kernels::kMaxGradTiles, written by WeightGrad
 };
 
-// The widest padded activation (trunk layers, 2 x head_hidden, obs) up to
-// which the backend's automatic choice takes the fused path.
+// The automatic choice (QSTREAM_CUDA_PATH=auto) takes the fused path where
+// it was measured faster than cuBLASLt (bench/NOTES.md, v5): networks whose
+// widest padded activation is at most kFusedAutoWidth, and with bf16 operands
+// up to kFusedAutoWidthBf16 at batches of at least kFusedAutoBatchBf16.
 inline constexpr int kFusedAutoWidth = 128;
+inline constexpr int kFusedAutoWidthBf16 = 256;
+inline constexpr int kFusedAutoBatchBf16 = 512;
 
 class FusedNetwork {
  public:
   static int WidestPadded(const NetworkSpec& spec);
+  // Why the automatic choice does not take the fused path (empty when it does).
+  static std::string AutoDeclines(const NetworkSpec& spec, int batch, kernels::Precision precision);
   // Why the fused path cannot run this network (empty when it can).
   static std::string Unsupported(const NetworkSpec& spec, int batch, kernels::Precision precision,
                                  size_t shared_limit);
