@@ -546,6 +546,14 @@ checkpoint { every_seconds: 0 }
   ASSERT_TRUE(victim.started() && second.started());
   ASSERT_TRUE(victim.Write(NStep(1000, 1, "victim").SerializeAsString()));
   ASSERT_TRUE(second.Write(NStep(1000, 1, "second").SerializeAsString()));
+  // The client's start and write complete before the daemon has admitted the
+  // streams (slow under ASan): wait until it counts both, or a third stream
+  // can take a slot first and then wait on the paused learner.
+  const absl::Time opened_at = absl::Now();
+  while (GetStatus(channel).actor_streams() < 2 && absl::Now() - opened_at < absl::Seconds(30)) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(GetStatus(channel).actor_streams(), 2);
   // A third stream is refused while both are open.
   {
     RawStream third(channel);
