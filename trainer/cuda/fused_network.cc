@@ -275,32 +275,25 @@ absl::Status FusedNetwork::Init(const NetworkSpec& spec, int batch, kernels::Pre
   {
     FusedPass& pass = backward_.passes[0];
     pass.rows = B;
-    FusedOp dvh = op_from(b_vo, H, nullptr);
-    dvh.a_buf = -1;
-    dvh.a_global = dv_.get();
-    dvh.a_ld = zp_;
-    dvh.a_cols = zp_;
-    dvh.act = kernels::kActMask;
-    dvh.mask = h_op_.get();
-    dvh.mask_ld = hh;
-    dvh.out_buf = 0;
-    dvh.out_col = 0;
-    dvh.out_op = dh_.get();
-    dvh.out_op_ld = hh;
-    pass.ops[pass.num_ops++] = dvh;
-    FusedOp dah = op_from(b_ao, H, nullptr);
-    dah.a_buf = -1;
-    dah.a_global = da_.get();
-    dah.a_ld = azp_;
-    dah.a_cols = azp_;
-    dah.act = kernels::kActMask;
-    dah.mask = Offset(h_op_.get(), hp_, elem_);
-    dah.mask_ld = hh;
-    dah.out_buf = 0;
-    dah.out_col = hp_;
-    dah.out_op = Offset(dh_.get(), hp_, elem_);
-    dah.out_op_ld = hh;
-    pass.ops[pass.num_ops++] = dah;
+    // d value hidden and d advantage hidden, side by side in buffer 0 (and
+    // dh): d logits (global) times the output layer, masked by the ReLU.
+    auto head_grad = [&](const Mat& m, void* d_logits, int ld, int col) {
+      FusedOp op = op_from(m, H, nullptr);
+      op.a_buf = -1;
+      op.a_global = d_logits;
+      op.a_ld = ld;
+      op.a_cols = ld;
+      op.act = kernels::kActMask;
+      op.mask = Offset(h_op_.get(), col, elem_);
+      op.mask_ld = hh;
+      op.out_buf = 0;
+      op.out_col = col;
+      op.out_op = Offset(dh_.get(), col, elem_);
+      op.out_op_ld = hh;
+      pass.ops[pass.num_ops++] = op;
+    };
+    head_grad(b_vo, dv_.get(), zp_, 0);
+    head_grad(b_ao, da_.get(), azp_, hp_);
     FusedOp dtop = op_from(b_heads, top, nullptr);
     dtop.a_buf = 0;
     dtop.act = kernels::kActMask;
