@@ -10,6 +10,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "proto/tensor.h"
 #include "qstream/v1/experience.pb.h"
 
 namespace qstream::bench {
@@ -25,22 +26,39 @@ constexpr double kTerminalProbability = 0.02;
 std::string MakeBody(const NetworkSpec& spec, int count, bool step_kind, std::mt19937_64* rng) {
   std::uniform_real_distribution<float> u(-1, 1);
   std::bernoulli_distribution terminal(kTerminalProbability);
+  const int64_t n = count;
+  const int64_t obs_dim = spec.obs_dim;
+  const int64_t branches = static_cast<int64_t>(spec.branch_actions.size());
+  std::vector<float> obs(n * obs_dim), next_obs(n * obs_dim), rewards(n), discounts(n);
+  std::vector<int32_t> actions(n * branches);
+  std::vector<uint8_t> done(n);
+  std::vector<uint32_t> env_ids(n);
+  for (int64_t i = 0; i < n * obs_dim; ++i) {
+    obs[i] = u(*rng);
+    next_obs[i] = u(*rng);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < branches; ++j) {
+      actions[i * branches + j] = static_cast<int32_t>((*rng)() % spec.branch_actions[j]);
+    }
+    rewards[i] = u(*rng);
+    const bool end = terminal(*rng);
+    done[i] = end ? 1 : 0;
+    discounts[i] = end ? 0.0f : 0.97f;
+    env_ids[i] = static_cast<uint32_t>(i % 16);
+  }
   v1::TransitionBatch b;
   b.set_kind(step_kind ? v1::TransitionBatch::KIND_STEP : v1::TransitionBatch::KIND_NSTEP);
   b.set_count(count);
-  for (int64_t i = 0; i < int64_t{count} * spec.obs_dim; ++i) {
-    b.add_obs(u(*rng));
-    b.add_next_obs(u(*rng));
-  }
-  for (int i = 0; i < count; ++i) {
-    for (int n : spec.branch_actions) b.add_actions(static_cast<int32_t>((*rng)() % n));
-    b.add_rewards(u(*rng));
-    if (step_kind) {
-      b.add_done(terminal(*rng));
-      b.add_env_ids(i % 16);
-    } else {
-      b.add_discounts(terminal(*rng) ? 0.0f : 0.97f);
-    }
+  wire::SetTensor(b.mutable_obs(), obs, {n, obs_dim});
+  wire::SetTensor(b.mutable_next_obs(), next_obs, {n, obs_dim});
+  wire::SetTensor(b.mutable_actions(), actions, {n, branches});
+  wire::SetTensor(b.mutable_rewards(), rewards, {n});
+  if (step_kind) {
+    wire::SetTensor(b.mutable_done(), done, {n});
+    wire::SetTensor(b.mutable_env_ids(), env_ids, {n});
+  } else {
+    wire::SetTensor(b.mutable_discounts(), discounts, {n});
   }
   return b.SerializeAsString();
 }
