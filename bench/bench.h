@@ -68,6 +68,11 @@ int RunCheckpointBench(int argc, char** argv);
 int RunLearnerBench(int argc, char** argv);
 // `qstream-bench ingest --streams=N --seconds=S ...` against an in-process daemon.
 int RunIngestBench(int argc, char** argv);
+// `qstream-bench load --address=A --items_per_message=N ...`: one client process of
+// bench/ingest_compare.py (load streams, acks counted over wall-clock windows).
+int RunLoadClient(int argc, char** argv);
+// `qstream-bench daemon_config --config=h200`: the bench config as text for qstreamd --config.
+int RunDaemonConfig(int argc, char** argv);
 // `qstream-bench e2e --backend=cuda --config=h200 ...`: qstreamd as a child
 // process, load streams from this process, learner and ingest rates from /metrics.
 int RunE2eBench(int argc, char** argv);

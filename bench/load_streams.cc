@@ -102,6 +102,7 @@ class BenchStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc:
     if (in_.DumpToSingleSlice(&slice).ok() &&
         ack.ParseFromArray(slice.begin(), static_cast<int>(slice.size()))) {
       accepted_.fetch_add(ack.accepted(), std::memory_order_relaxed);
+      acks_.fetch_add(1, std::memory_order_relaxed);
       if (ack.has_error()) errors_.fetch_add(1, std::memory_order_relaxed);
     }
     if (measuring_->load(std::memory_order_relaxed)) {
@@ -117,6 +118,7 @@ class BenchStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc:
 
   void WaitDone() { done_.WaitForNotification(); }
   int64_t accepted() const { return accepted_.load(std::memory_order_relaxed); }
+  int64_t acks() const { return acks_.load(std::memory_order_relaxed); }
   int64_t errors() const { return errors_.load(std::memory_order_relaxed); }
   // Read only after WaitDone().
   const std::vector<double>& rtt_us() const { return rtt_us_; }
@@ -157,6 +159,7 @@ class BenchStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc:
   absl::Mutex mu_;
   int completions_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> accepted_{0};
+  std::atomic<int64_t> acks_{0};
   std::atomic<int64_t> errors_{0};
   std::vector<double> rtt_us_;
   grpc::Status status_;
@@ -186,6 +189,12 @@ LoadStreams::~LoadStreams() { Stop().IgnoreError(); }
 int64_t LoadStreams::accepted() const {
   int64_t n = 0;
   for (const auto& s : streams_) n += s->accepted();
+  return n;
+}
+
+int64_t LoadStreams::acks() const {
+  int64_t n = 0;
+  for (const auto& s : streams_) n += s->acks();
   return n;
 }
 

@@ -40,8 +40,11 @@ class LoadStreams {
 
   // Transitions acknowledged as accepted so far, all streams.
   int64_t accepted() const;
-  // From now until Stop(), every round trip (write to ack) is recorded.
+  // Acks received so far (one per message), all streams.
+  int64_t acks() const;
+  // From now until StopMeasuring() or Stop(), every round trip (write to ack) is recorded.
   void StartMeasuring() { measuring_ = true; }
+  void StopMeasuring() { measuring_ = false; }
   // Ends every stream after its batch in flight and waits for them; an
   // error when a stream ended with a non-OK status.
   absl::Status Stop();

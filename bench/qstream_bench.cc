@@ -1,5 +1,5 @@
-// qstream-bench: `qstream-bench <learner|ingest|e2e|checkpoint> [--flags]`; each subcommand
-// prints one JSON line per case on stdout (progress goes to stderr).
+// qstream-bench: `qstream-bench <learner|ingest|e2e|checkpoint|load|daemon_config> [--flags]`; each
+// subcommand prints one JSON line per case on stdout (progress goes to stderr).
 #include <cstdio>
 #include <cstring>
 
@@ -8,15 +8,18 @@
 namespace {
 
 void Usage(const char* argv0) {
-  std::fprintf(stderr,
-               "usage: %s learner [--config=small,h200] [--batch=64,256] [--backend=auto|cpu|cuda]\n"
-               "                  [--steps=N] [--repeats=R] [--warmup=W] [--fill=N]\n"
-               "                  [--peak_tflops=T] [--peak_gbps=G]\n"
-               "       %s ingest [flags]   (see `%s ingest --help`)\n"
-               "       %s e2e [flags]      (qstreamd child process + load streams; see `%s e2e --help`)\n"
-               "       %s checkpoint [--config=h200] [--backend=auto|cpu|cuda] [--rows=1000000] [--dir=D]\n"
-               "                  [--repeats=3]\n",
-               argv0, argv0, argv0, argv0, argv0, argv0);
+  std::fprintf(
+      stderr,
+      "usage: %s learner [--config=small,h200] [--batch=64,256] [--backend=auto|cpu|cuda]\n"
+      "                  [--steps=N] [--repeats=R] [--warmup=W] [--fill=N]\n"
+      "                  [--peak_tflops=T] [--peak_gbps=G]\n"
+      "       %s ingest [flags]   (see `%s ingest --help`)\n"
+      "       %s e2e [flags]      (qstreamd child process + load streams; see `%s e2e --help`)\n"
+      "       %s checkpoint [--config=h200] [--backend=auto|cpu|cuda] [--rows=1000000] [--dir=D]\n"
+      "                  [--repeats=3]\n"
+      "       %s load [flags]     (one client process of bench/ingest_compare.py; `%s load --help`)\n"
+      "       %s daemon_config [--config=h200] [--learner_batch=N]   (text TrainerConfig for qstreamd)\n",
+      argv0, argv0, argv0, argv0, argv0, argv0, argv0, argv0, argv0);
 }
 
 }  // namespace
@@ -24,11 +27,21 @@ void Usage(const char* argv0) {
 #if QSTREAM_BENCH_NO_INGEST
 // Built without bench/ingest_bench.cc or the server library.
 int qstream::bench::RunIngestBench(int, char**) {
-  std::fprintf(stderr, "qstream-bench ingest: not built (needs bench/ingest_bench.cc and the qstream_server library)\n");
+  std::fprintf(
+      stderr,
+      "qstream-bench ingest: not built (needs bench/ingest_bench.cc and the qstream_server library)\n");
   return 2;
 }
 int qstream::bench::RunE2eBench(int, char**) {
   std::fprintf(stderr, "qstream-bench e2e: not built (needs the qstream_server library)\n");
+  return 2;
+}
+int qstream::bench::RunLoadClient(int, char**) {
+  std::fprintf(stderr, "qstream-bench load: not built (needs the qstream_server library)\n");
+  return 2;
+}
+int qstream::bench::RunDaemonConfig(int, char**) {
+  std::fprintf(stderr, "qstream-bench daemon_config: not built (needs the qstream_server library)\n");
   return 2;
 }
 #endif
@@ -42,6 +55,8 @@ int main(int argc, char** argv) {
   if (std::strcmp(argv[1], "learner") == 0) return qstream::bench::RunLearnerBench(argc - 1, argv + 1);
   if (std::strcmp(argv[1], "ingest") == 0) return qstream::bench::RunIngestBench(argc - 1, argv + 1);
   if (std::strcmp(argv[1], "e2e") == 0) return qstream::bench::RunE2eBench(argc - 1, argv + 1);
+  if (std::strcmp(argv[1], "load") == 0) return qstream::bench::RunLoadClient(argc - 1, argv + 1);
+  if (std::strcmp(argv[1], "daemon_config") == 0) return qstream::bench::RunDaemonConfig(argc - 1, argv + 1);
   if (std::strcmp(argv[1], "checkpoint") == 0) return qstream::bench::RunCheckpointBench(argc - 1, argv + 1);
   std::fprintf(stderr, "qstream-bench: unknown subcommand '%s'\n", argv[1]);
   Usage(argv[0]);
