@@ -1,14 +1,16 @@
 """qstream: Python actor SDK for the qstreamd C51 learner.
 
-    from qstream import ActorClient, PolicyWatcher, run_actor
+    from qstream import Writer, PolicyWatcher, run_actor
 """
 
 from qstream.actor import ActorResult, EpsilonSchedule, run_actor
 from qstream.admin import AdminClient
 from qstream.batch import nstep_batch, step_batch
 from qstream.channel import AuthError, ConnectError, QstreamError, open_channel
-from qstream.client import ActorClient, BatchRejected, StreamError, StreamStats
+from qstream.client import ActorClient
 from qstream.policy import Architecture, Policy, PolicyWatcher, fetch_policy
+from qstream.stream import BatchRejected, StreamError, StreamStats
+from qstream.writer import Backpressure, Writer
 
 __version__ = "0.1.0"
 
@@ -18,6 +20,7 @@ __all__ = [
     "AdminClient",
     "Architecture",
     "AuthError",
+    "Backpressure",
     "BatchRejected",
     "ConnectError",
     "EpsilonSchedule",
@@ -26,6 +29,7 @@ __all__ = [
     "QstreamError",
     "StreamError",
     "StreamStats",
+    "Writer",
     "fetch_policy",
     "nstep_batch",
     "open_channel",

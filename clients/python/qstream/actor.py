@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qstream.channel import PathLike
-from qstream.client import ActorClient
+from qstream.writer import Writer
 from qstream.policy import PolicyWatcher
 
 
@@ -75,8 +75,8 @@ class TransitionRecorder:
         self.resetting = np.zeros(num_envs, dtype=bool)
 
     def record(self, obs, actions, rewards, next_obs, terminated, truncated, infos):
-        """Returns (transitions dict for ActorClient.add_steps minus
-        policy_version, list of finished episode returns)."""
+        """Returns (transitions dict: obs, actions, rewards, next_obs, done,
+        truncated, env_ids; list of finished episode returns)."""
         n = len(terminated)
         terminated = np.asarray(terminated, dtype=bool)
         truncated = np.asarray(truncated, dtype=bool)
@@ -129,6 +129,7 @@ def run_actor(
     return_window: int = 20,
     batch_size: int = 256,
     max_in_flight: int = 8,
+    max_delay: float | None = 0.02,
     report_every_s: float = 5.0,
     envs=None,
     log=print,
@@ -142,7 +143,9 @@ def run_actor(
 ) -> ActorResult:
     """Acts in `env_id` (or the given vector env `envs`) until total_steps env
     steps, or until the mean return of the last `return_window` episodes
-    reaches stop_at_return; flushes and returns the result. The TLS and
+    reaches stop_at_return; flushes and returns the result. Transitions go
+    through a qstream.Writer (batch_size = its max_batch, max_delay and
+    max_in_flight as there). The TLS and
     token parameters are those of qstream.channel.open_channel; a refused
     token raises AuthError, an unreachable daemon ConnectError."""
     security = dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name,
@@ -159,10 +162,10 @@ def run_actor(
     next_report = start + report_every_s
 
     reached = False
-    # On an exception the client cancels its stream instead of flushing.
-    with PolicyWatcher(server, timeout=connect_timeout_s, **security) as watcher, ActorClient(
-        server, batch_size=batch_size, max_in_flight=max_in_flight, **security
-    ) as client:
+    # On an exception the writer cancels its stream instead of flushing.
+    with PolicyWatcher(server, timeout=connect_timeout_s, **security) as watcher, Writer(
+        server, max_batch=batch_size, max_delay=max_delay, max_in_flight=max_in_flight, **security
+    ) as writer:
         try:
             obs, _ = envs.reset(seed=seed)
             obs = np.asarray(obs, dtype=np.float32).reshape(n, -1)
@@ -174,7 +177,9 @@ def run_actor(
                 next_obs, rewards, terminated, truncated, infos = envs.step(env_actions)
                 transitions, finished = recorder.record(obs, actions, rewards, next_obs, terminated, truncated, infos)
                 if transitions["env_ids"].size:
-                    client.add_steps(**transitions, policy_version=policy.version)
+                    t = transitions
+                    writer.append(t["obs"], t["actions"], t["rewards"], t["done"], t["truncated"],
+                                  next_obs=t["next_obs"], env_ids=t["env_ids"], policy_version=policy.version)
                     steps += transitions["env_ids"].size
                 returns.extend(finished)
                 episodes += len(finished)
@@ -183,7 +188,7 @@ def run_actor(
                 now = time.monotonic()
                 mean = float(np.mean(returns)) if returns else 0.0
                 if now >= next_report:
-                    st = client.stats
+                    st = writer.stats
                     log(
                         f"progress env_steps={steps} episodes={episodes} mean_return_{return_window}={mean:.1f} "
                         f"epsilon={epsilon(steps):.3f} policy_version={policy.version} "
@@ -193,7 +198,7 @@ def run_actor(
                 if stop_at_return is not None and len(returns) == return_window and mean >= stop_at_return:
                     reached = True
                     break
-            client.flush()
+            writer.flush()
         finally:
             envs.close()
     mean = float(np.mean(returns)) if returns else 0.0
@@ -208,6 +213,6 @@ def run_actor(
         mean_return=mean,
         reached_target=reached,
         wall_seconds=wall,
-        accepted_transitions=client.stats.accepted_transitions,
+        accepted_transitions=writer.stats.accepted_transitions,
         policy_version=watcher.version,
     )

@@ -1,0 +1,312 @@
+"""ExperienceStream: the numbered, reconnecting ExperienceService.Stream call
+under qstream.Writer (and through it ActorClient and run_actor).
+
+- Numbering: batches get sequence 1, 2, ... under one stream_id; each is
+  serialized once and kept, as bytes, until its Ack arrives.
+- Window: at most `max_in_flight` batches are unacknowledged; the owner
+  checks has_room_locked() before submit_locked().
+- Reconnect: when the call breaks (daemon restart, network) a new call is
+  opened after an exponential backoff and every unacknowledged batch is
+  resent with its stream_id and sequence; the daemon acknowledges one it
+  already inserted again with accepted = 0 and duplicate = true, without
+  inserting it twice, and that ack settles the batch.
+- Takeover: a call ended with ABORTED lost its stream_id to a newer stream
+  of the same identity; the stream gives way (StreamError) instead of
+  taking the session back.
+- Errors: an error ack becomes a BatchRejected that the owner raises from
+  its next call (the stream carries on); a refused token an AuthError; a
+  protocol error, or no reconnect within reconnect_timeout_s, a StreamError.
+
+Every method named *_locked expects the caller to hold `cv`, the condition
+shared with the owner: acks notify it, so the owner can wait on its own
+predicates (a free slot, no batch in flight) with cv.wait_for.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from qstream.channel import QstreamError, auth_error, is_token_refused
+from qstream.proto import experience_pb2
+
+STREAM_METHOD = "/qstream.v1.ExperienceService/Stream"
+
+# Codes after which resending cannot help: the daemon refused the stream
+# (a refused token, UNAUTHENTICATED/PERMISSION_DENIED, raises AuthError).
+_FATAL_CODES = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.ABORTED,  # another stream took this stream_id over
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+_FIRST_BACKOFF_S = 0.1
+
+
+class BatchRejected(QstreamError):
+    """The daemon rejected a batch; nothing of it was inserted."""
+
+    def __init__(self, sequence: int, field: str, message: str, code: str = ""):
+        super().__init__(f"batch {sequence} rejected: field '{field}': {message}")
+        self.sequence = sequence
+        self.field = field
+        self.message = message
+        self.code = code
+
+
+class StreamError(QstreamError):
+    """The stream is unusable: the daemon ended it with a protocol error, or
+    reconnecting did not succeed within reconnect_timeout_s."""
+
+
+@dataclass
+class StreamStats:
+    sent_batches: int = 0
+    acked_batches: int = 0
+    sent_transitions: int = 0
+    # Sum of Ack.accepted: transitions the daemon confirmed are in its replay
+    # (KIND_STEP: assembled n-step transitions). A duplicate ack adds 0.
+    accepted_transitions: int = 0
+    replay_size: int = 0
+    daemon_policy_version: int = 0
+    throttle: bool = False
+    reconnects: int = 0
+
+
+def serialize(batch: experience_pb2.TransitionBatch, tail=()) -> bytes:
+    """The wire bytes of `batch` followed by `tail`, encoded fields of the
+    same message (protobuf merges concatenated fields into one message)."""
+    payload = batch.SerializeToString()
+    return b"".join((payload, *tail)) if tail else payload
+
+
+@dataclass
+class _Sent:
+    payload: bytes
+    count: int
+
+
+class ExperienceStream:
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        *,
+        stream_id: str,
+        max_in_flight: int,
+        max_backoff_s: float,
+        reconnect_timeout_s: float,
+        on_ack=None,
+        cv: threading.Condition | None = None,
+    ):
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+        # Requests go out already serialized (bytes): a resend after a
+        # reconnect costs no second serialization.
+        self._call_stream = channel.stream_stream(
+            STREAM_METHOD, request_serializer=None, response_deserializer=experience_pb2.Ack.FromString
+        )
+        self.stream_id = stream_id
+        self.max_in_flight = max_in_flight
+        self._max_backoff_s = max_backoff_s
+        self._reconnect_timeout_s = reconnect_timeout_s
+        self._on_ack = on_ack
+        self.cv = cv or threading.Condition()
+
+        self._unacked: collections.OrderedDict[int, _Sent] = collections.OrderedDict()
+        self._next_sequence = 1
+        self._rejected: list[BatchRejected] = []
+        self._fatal: QstreamError | None = None
+        self._closing = False
+        self._aborted = False  # stop at once, unacknowledged batches or not
+        self._stats = StreamStats()
+        self._queue: queue.Queue | None = None
+        self._call = None
+        # Called (cv held) after each ack settled a batch: the owner's hook
+        # for waking a thread that waits for a free slot on its own condition.
+        self.on_acked_locked = None
+
+        self._reader = threading.Thread(target=self._run, name="qstream-acks", daemon=True)
+        self._reader.start()
+
+    # ---- called with cv held ---------------------------------------------
+
+    def has_room_locked(self) -> bool:
+        return len(self._unacked) < self.max_in_flight
+
+    def free_slots_locked(self) -> int:
+        return self.max_in_flight - len(self._unacked)
+
+    def in_flight_locked(self) -> int:
+        return len(self._unacked)
+
+    def raisable_locked(self) -> bool:
+        """A rejected batch or a fatal error waits to be raised."""
+        return bool(self._rejected) or self._fatal is not None
+
+    def failure_locked(self) -> QstreamError | None:
+        """The error that ended the stream, if any."""
+        return self._fatal
+
+    def raise_pending_locked(self) -> None:
+        """Raises the oldest BatchRejected (once), or the fatal error."""
+        if self._rejected:
+            raise self._rejected.pop(0)
+        if self._fatal is not None:
+            raise self._fatal
+
+    def submit_locked(self, batch: experience_pb2.TransitionBatch, tail=()) -> int:
+        """Numbers `batch` (sets sequence and stream_id on it), serializes it
+        followed by `tail` (already encoded fields of the same message, as
+        buffers) and queues it for the call. The caller has checked
+        has_room_locked(). Returns the sequence."""
+        if self._closing:
+            raise StreamError("stream is closed")
+        seq = self._next_sequence
+        self._next_sequence += 1
+        batch.sequence = seq
+        batch.stream_id = self.stream_id
+        sent = _Sent(serialize(batch, tail), batch.count)
+        self._unacked[seq] = sent
+        self._stats.sent_batches += 1
+        self._stats.sent_transitions += sent.count
+        if self._queue is not None:
+            self._queue.put(sent.payload)
+        return seq
+
+    def stats_locked(self) -> StreamStats:
+        return StreamStats(**vars(self._stats))
+
+    # ---- lifecycle (cv not held) -----------------------------------------
+
+    def wait_idle(self, timeout: float | None) -> None:
+        """Waits until every batch is acknowledged; raises BatchRejected or
+        the fatal error, or TimeoutError."""
+        with self.cv:
+            if not self.cv.wait_for(lambda: self.raisable_locked() or not self._unacked, timeout):
+                raise TimeoutError(f"{len(self._unacked)} batches still unacknowledged")
+            self.raise_pending_locked()
+
+    def close(self, timeout: float | None) -> None:
+        """Half-closes the call and waits (up to `timeout`) for the daemon to
+        end it (at a clean half-close it first flushes the n-step windows
+        into its replay); cancels it when it does not end in time."""
+        with self.cv:
+            self._closing = True
+            if self._queue is not None:
+                self._queue.put(None)
+            self.cv.notify_all()
+        self._reader.join(timeout)
+        if self._reader.is_alive():
+            self.abort()
+
+    def abort(self) -> None:
+        """Cancels the call and stops the reader without waiting for acks."""
+        with self.cv:
+            self._closing = self._aborted = True
+            if self._queue is not None:
+                self._queue.put(None)
+            call = self._call
+            self.cv.notify_all()
+        if call is not None:
+            call.cancel()
+        self._reader.join()
+
+    # ---- the ack reader thread -------------------------------------------
+
+    @staticmethod
+    def _requests(q: queue.Queue):
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            yield item
+
+    def _open_call(self):
+        """A new call fed by a fresh queue holding every unacknowledged batch."""
+        with self.cv:
+            if self._queue is not None:
+                self._queue.put(None)  # ends the previous call's request iterator
+            if self._aborted:
+                return None
+            q: queue.Queue = queue.Queue()
+            for sent in self._unacked.values():
+                q.put(sent.payload)
+            if self._closing:
+                q.put(None)
+            self._queue = q
+            self._call = self._call_stream(self._requests(q))
+            return self._call
+
+    def _handle_ack(self, ack) -> None:
+        with self.cv:
+            sent = self._unacked.pop(ack.sequence, None)
+            s = self._stats
+            s.replay_size = ack.replay_size
+            s.daemon_policy_version = ack.policy_version
+            s.throttle = ack.throttle
+            if sent is not None:
+                s.acked_batches += 1
+                if ack.HasField("error") and (ack.error.field or ack.error.message):
+                    code = experience_pb2.Error.Code.Name(ack.error.code)
+                    self._rejected.append(BatchRejected(ack.sequence, ack.error.field, ack.error.message, code))
+                else:
+                    s.accepted_transitions += ack.accepted
+                if self.on_acked_locked is not None:
+                    self.on_acked_locked()
+            self.cv.notify_all()
+            snapshot = StreamStats(**vars(s)) if self._on_ack is not None else None
+        if self._on_ack is not None:
+            self._on_ack(ack, snapshot)
+
+    def _run(self) -> None:
+        backoff = _FIRST_BACKOFF_S
+        failing_since = None
+        while True:
+            call = self._open_call()
+            if call is None:
+                return
+            try:
+                for ack in call:
+                    self._handle_ack(ack)
+                    backoff, failing_since = _FIRST_BACKOFF_S, None
+                with self.cv:
+                    if self._closing and not self._unacked:
+                        return
+                error = None
+            except grpc.RpcError as e:
+                error = e
+                with self.cv:
+                    if self._aborted or (self._closing and not self._unacked):
+                        return
+                if is_token_refused(e):
+                    self._fail(auth_error("ExperienceService.Stream", e))
+                    return
+                if e.code() in _FATAL_CODES:
+                    self._fail(StreamError(f"stream ended by the daemon: {e.code().name}: {e.details()}"))
+                    return
+            now = time.monotonic()
+            failing_since = failing_since or now
+            if now - failing_since > self._reconnect_timeout_s:
+                detail = f"{error.code().name}: {error.details()}" if error is not None else "stream ended"
+                self._fail(StreamError(f"could not reconnect within {self._reconnect_timeout_s}s ({detail})"))
+                return
+            with self.cv:
+                # Sleeps out the backoff, but wakes at once on abort.
+                if self.cv.wait_for(lambda: self._aborted, backoff):
+                    return
+            backoff = min(backoff * 2, self._max_backoff_s)
+            with self.cv:
+                self._stats.reconnects += 1
+
+    def _fail(self, error: QstreamError) -> None:
+        with self.cv:
+            self._fatal = error
+            if self.on_acked_locked is not None:
+                self.on_acked_locked()
+            self.cv.notify_all()

@@ -1,0 +1,547 @@
+"""Writer: the buffered experience writer of the SDK.
+
+    with qstream.Writer("daemon:50051", obs_dim=4, num_branches=1) as w:
+        obs, _ = envs.reset()
+        while ...:
+            next_obs, reward, terminated, truncated, _ = envs.step(action)
+            w.append(obs, action, reward, terminated, truncated, next_obs=next_obs)
+            obs = next_obs
+        acked = w.flush()
+
+Each append() is one env step (a vectorized env: one call per vector step,
+leading dimension num_envs; a single env may pass unbatched arrays). Rows
+are copied into preallocated numpy columns of `max_batch` transitions and
+sent as one KIND_STEP TransitionBatch (with env_ids; the daemon assembles
+the n-step returns per env) when the buffer is full, when its oldest row is
+`max_delay` seconds old, on flush() and on close(). Sending is pipelined:
+up to `max_in_flight` batches wait for their ack. The stream itself
+(numbering, reconnect and resend, error acks) is qstream.stream.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+
+import grpc
+import numpy as np
+
+from qstream.batch import BOOL, F32, I32, U32, StepColumns
+from qstream.channel import PathLike, QstreamError, channel_for
+from qstream.proto import experience_pb2
+from qstream.stream import ExperienceStream, StreamError, StreamStats
+
+# Steps waiting for their next observation are kept in arrays indexed by
+# env id; ids at or above this bound must come with next_obs.
+MAX_CHAINED_ENV_ID = 1 << 16
+
+_EVERY = slice(None)  # "every row of this append"
+
+
+class Backpressure(QstreamError):
+    """The in-flight window is full and the Writer was made with
+    block=False. Nothing of the call that raised it was applied: retry it
+    once acks came back (the buffered rows go out as soon as a slot frees)."""
+
+
+class _Columns:
+    """`rows` transitions of every column, preallocated once."""
+
+    def __init__(self, rows: int, obs_dim: int, num_branches: int):
+        self.obs = np.zeros((rows, obs_dim), F32)
+        self.next_obs = np.zeros((rows, obs_dim), F32)
+        self.actions = np.zeros((rows, num_branches), I32)
+        self.rewards = np.zeros(rows, F32)
+        self.done = np.zeros(rows, BOOL)
+        self.truncated = np.zeros(rows, BOOL)
+        self.env_ids = np.zeros(rows, U32)
+        self.policy_version = np.zeros(rows, np.int64)  # used for the waiting steps only
+
+
+class Writer:
+    """Buffered, pipelined KIND_STEP writer over one ExperienceService.Stream.
+
+    Args:
+        target: the daemon's host:port, or a ready grpc.Channel (then no TLS
+            or token parameter: the channel has its own).
+        obs_dim, num_branches: the network's observation width and action
+            branches; when None, taken from the first append().
+        max_batch: transitions per batch, 1 to the daemon's
+            server.max_batch_transitions (default 2048; a larger batch is
+            rejected, BatchRejected on `count`).
+        max_delay: seconds the oldest buffered row may wait before the
+            buffer is sent anyway (checked on append() and by the sender
+            thread); None: only by size, flush() and close().
+        max_in_flight: batches sent and not yet acknowledged, at most.
+        block: what append()/flush()/send() do when their rows must go out
+            and the window is full: wait (True) or raise Backpressure.
+        stream_id: the ingest session's identity (sequence numbers and
+            n-step windows survive reconnects under it); default a fresh
+            "py-<uuid>".
+        max_backoff_s, reconnect_timeout_s: reconnect backoff cap, and how
+            long reconnecting may fail before StreamError.
+        on_ack: called as on_ack(ack, stats) from the ack thread.
+        channel_options: extra gRPC channel options (address only).
+        tls_ca, tls_cert, tls_key, tls_server_name, token, token_file: as in
+            qstream.channel.open_channel.
+    """
+
+    def __init__(
+        self,
+        target: str | grpc.Channel,
+        *,
+        obs_dim: int | None = None,
+        num_branches: int | None = None,
+        max_batch: int = 512,
+        max_delay: float | None = 0.02,
+        max_in_flight: int = 8,
+        block: bool = True,
+        stream_id: str | None = None,
+        max_backoff_s: float = 5.0,
+        reconnect_timeout_s: float = 60.0,
+        on_ack=None,
+        channel_options: list | None = None,
+        tls_ca: PathLike | None = None,
+        tls_cert: PathLike | None = None,
+        tls_key: PathLike | None = None,
+        tls_server_name: str | None = None,
+        token: str | None = None,
+        token_file: PathLike | None = None,
+    ):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        if max_delay is not None and max_delay < 0:
+            raise ValueError(f"max_delay must be >= 0 or None, got {max_delay}")
+        for name, v in (("obs_dim", obs_dim), ("num_branches", num_branches)):
+            if v is not None and v < 1:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+        self.max_batch = int(max_batch)
+        self.max_delay = max_delay
+        self.block = block
+        self._obs_dim = obs_dim
+        self._num_branches = num_branches
+
+        self._channel, self._own_channel = channel_for(
+            target, options=channel_options or (), tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+            tls_server_name=tls_server_name, token=token, token_file=token_file,
+        )
+        lock = threading.RLock()
+        self._cv = threading.Condition(lock)  # acks, free slots: shared with the stream
+        self._sender_cv = threading.Condition(lock)  # wakes the sender thread only
+        self._stream = ExperienceStream(
+            self._channel, stream_id=stream_id or f"py-{uuid.uuid4().hex}", max_in_flight=max_in_flight,
+            max_backoff_s=max_backoff_s, reconnect_timeout_s=reconnect_timeout_s, on_ack=on_ack, cv=self._cv,
+        )
+        self._stream.on_acked_locked = self._on_acked_locked
+
+        # The buffer: rows [0, _n) of _buf, the oldest appended at _oldest.
+        self._buf: _Columns | None = None
+        self._n = 0
+        self._oldest = 0.0
+        self._min_version = 0
+        # Per env id: the step waiting for the obs of that env's next append.
+        self._pending: _Columns | None = None
+        self._pending_valid = np.zeros(0, BOOL)
+        self._num_pending = 0
+        self._arange = np.arange(0, dtype=U32)
+
+        self._stopping = False
+        self._sender_deadline = float("inf")  # when the sender thread wakes by itself
+        self._sender_wants_room = False
+        if obs_dim is not None and num_branches is not None:
+            self._allocate(obs_dim, num_branches)
+        self._sender = threading.Thread(target=self._send_loop, name="qstream-writer", daemon=True)
+        self._sender.start()
+
+    # ---- public API ------------------------------------------------------
+
+    @property
+    def stream_id(self) -> str:
+        return self._stream.stream_id
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._stream.max_in_flight
+
+    @property
+    def stats(self) -> StreamStats:
+        with self._cv:
+            return self._stream.stats_locked()
+
+    @property
+    def acked(self) -> int:
+        """Sum of Ack.accepted so far (see flush())."""
+        with self._cv:
+            return self._stream.stats_locked().accepted_transitions
+
+    @property
+    def buffered(self) -> int:
+        """Transitions in the buffer, not yet sent."""
+        with self._cv:
+            return self._n
+
+    @property
+    def pending(self) -> int:
+        """Steps waiting for their env's next observation (at most one per
+        env); close() drops them."""
+        with self._cv:
+            return self._num_pending
+
+    def append(self, obs, action, reward, terminated, truncated, next_obs=None, env_ids=None,
+               policy_version: int = 0) -> None:
+        """Adds one env step: obs (obs_dim,) or (num_envs, obs_dim); action
+        (num_branches,) / scalar, or (num_envs, num_branches) / (num_envs,);
+        reward, terminated, truncated scalars or (num_envs,).
+
+        env_ids: which env each row is (default 0..num_envs-1). next_obs:
+        the state each step led to (a truncated step's final observation);
+        without it, a step's next state is the obs of the next append of the
+        same env, and the step waits until then. A terminated step never
+        waits (its next state is not bootstrapped from: the step's own obs
+        stands in). terminated and truncated both true is terminated.
+
+        Raises ValueError (naming the argument) for a truncated step without
+        next_obs, shapes that do not fit, or an env id twice in one call
+        without next_obs; Backpressure (block=False) when the rows do not fit
+        in the buffer and the window is full, without applying any of them;
+        BatchRejected for an earlier batch the daemon rejected (this step is
+        then not added); StreamError/AuthError when the stream is unusable.
+        """
+        obs = np.asarray(obs, dtype=F32)
+        if self._obs_dim is None:
+            self._obs_dim = int(obs.size if obs.ndim <= 1 else math.prod(obs.shape[1:]))
+        d = self._obs_dim
+        n = 1 if obs.size == d else (obs.shape[0] if obs.ndim >= 2 else -1)
+        if n < 0 or obs.size != n * d:
+            raise ValueError(f"obs: shape {obs.shape} is neither ({d},) nor (num_envs, {d})")
+        obs = obs.reshape(n, d)
+        action = np.asarray(action, dtype=I32)
+        if self._num_branches is None:
+            if action.size % n:
+                raise ValueError(f"action: shape {action.shape} does not fit {n} envs")
+            self._num_branches = max(1, action.size // n)
+        if self._buf is None:
+            self._allocate(d, self._num_branches)
+        action = _shaped(action, (n, self._num_branches), "action")
+        reward = _shaped(np.asarray(reward, dtype=F32), (n,), "reward")
+        terminated = _shaped(np.asarray(terminated, dtype=BOOL), (n,), "terminated")
+        truncated = _shaped(np.asarray(truncated, dtype=BOOL), (n,), "truncated")
+        truncated = truncated & ~terminated
+        if env_ids is None:
+            if self._arange.size != n:
+                self._arange = np.arange(n, dtype=U32)
+            ids = self._arange
+        else:
+            ids = _shaped(np.asarray(env_ids, dtype=U32), (n,), "env_ids")
+        if next_obs is not None:
+            next_obs = _shaped(np.asarray(next_obs, dtype=F32), (n, d), "next_obs")
+        else:
+            if truncated.any():
+                raise ValueError(
+                    f"truncated: a truncated step needs next_obs (its final observation); env_ids "
+                    f"{ids[truncated].tolist()} were truncated without it")
+            if env_ids is not None and n > 1 and np.unique(ids).size != n:
+                raise ValueError("env_ids: an env id appears twice in one append() without next_obs")
+            if env_ids is not None and ids.size and int(ids.max()) >= MAX_CHAINED_ENV_ID:
+                raise ValueError(f"env_ids: ids >= {MAX_CHAINED_ENV_ID} need next_obs")
+        version = int(policy_version)
+        # Rows and pending slots are addressed by slices where they can be
+        # (every row; env ids 0..n-1) and by index arrays otherwise.
+        every = _EVERY
+        slots = slice(0, n) if env_ids is None else ids
+
+        with self._cv:
+            self._stream.raise_pending_locked()
+            if n == 0:
+                return
+            chained = self._chained_locked(ids, slots, n, may_repeat=env_ids is not None and next_obs is not None)
+            if next_obs is not None:
+                complete, waiting = every, None
+                k = n
+            elif not terminated.any():
+                complete, waiting = None, every
+                k = 0
+            else:
+                complete, waiting = terminated.nonzero()[0], (~terminated).nonzero()[0]
+                k = complete.size
+            if chained is not None:
+                k += n if chained is every else chained.size
+            if not self.block:
+                self._check_room_locked(k)
+            now = time.monotonic()
+            if chained is not None:
+                cslots = slots if chained is every else ids[chained]
+                cids = ids[chained]
+                p = self._pending
+                self._put_locked(now, p.obs[cslots], obs[chained], p.actions[cslots], p.rewards[cslots],
+                                 p.done[cslots], p.truncated[cslots], cids, int(p.policy_version[cslots].min()))
+                self._pending_valid[cslots] = False
+                self._num_pending -= cids.size
+            if complete is every:
+                self._put_locked(now, obs, next_obs, action, reward, terminated, truncated, ids, version)
+            elif complete is not None and complete.size:
+                self._put_locked(now, obs[complete], obs[complete], action[complete], reward[complete],
+                                 terminated[complete], truncated[complete], ids[complete], version)
+            if waiting is not None and (waiting is every or waiting.size):
+                wslots = slots if waiting is every else ids[waiting]
+                top = n if env_ids is None else int(ids.max()) + 1
+                self._hold_locked(wslots, top, obs[waiting], action[waiting], reward[waiting], version)
+            self._after_append_locked(now)
+
+    def send(self, batch: experience_pb2.TransitionBatch) -> int:
+        """Sends a ready TransitionBatch (qstream.step_batch/nstep_batch)
+        on this stream, after the rows buffered before it; numbers it (sets
+        its sequence and stream_id) and returns the sequence. Blocks, or
+        raises Backpressure (block=False), while the window is full."""
+        with self._cv:
+            self._stream.raise_pending_locked()
+            needed = 2 if self._n else 1
+            if not self.block and self._stream.free_slots_locked() < needed:
+                raise Backpressure(f"{self._stream.in_flight_locked()} of {self._stream.max_in_flight} batches "
+                                   f"in flight: no slot for this batch")
+            if self._n:
+                self._send_when_room_locked(None)
+            self._send_when_room_locked(batch)
+            return batch.sequence
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Sends the buffered rows, waits until every batch sent so far is
+        acknowledged, and returns the transitions acknowledged since the
+        Writer started: the sum of Ack.accepted. For KIND_STEP that is the
+        n-step transitions the daemon inserted; the last n-1 steps of each
+        env's unfinished episode stay in its n-step window (inserted as
+        later steps come, at the episode's end, or at close()), and a step
+        still waiting for its next observation (append() without next_obs)
+        is not sent yet. A duplicate ack (a resend after a reconnect whose
+        first ack was lost) adds 0: such a batch is in the replay once, but
+        its count is not known.
+
+        Raises BatchRejected (once per rejected batch; call again for the
+        count), StreamError/AuthError, TimeoutError after `timeout` seconds,
+        or Backpressure (block=False) when the buffer cannot go out because
+        the window is full (nothing is lost: it is still buffered).
+        """
+        return self._flush(timeout, self.block)
+
+    def close(self, timeout: float | None = 30.0) -> int:
+        """Flushes (waiting for a free slot even with block=False), half-closes
+        the stream, waits for the daemon to end it (it first inserts what
+        its n-step windows hold) and closes the channel if the Writer opened
+        it. Steps still waiting for a next observation are dropped. Returns
+        flush()'s count; raises like flush(), after closing all the same."""
+        try:
+            return self._flush(timeout, True)
+        finally:
+            self._stop_sender()
+            self._stream.close(timeout)
+            if self._own_channel:
+                self._channel.close()
+
+    def abort(self) -> None:
+        """Cancels the stream without sending what is buffered or waiting for
+        acks (unacknowledged batches may or may not be in the replay)."""
+        self._stop_sender()
+        self._stream.abort()
+        if self._own_channel:
+            self._channel.close()
+
+    def __enter__(self) -> "Writer":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    # ---- internals (the *_locked ones with _cv held) ---------------------
+
+    def _allocate(self, obs_dim: int, num_branches: int) -> None:
+        self._obs_dim, self._num_branches = obs_dim, num_branches
+        self._buf = _Columns(self.max_batch, obs_dim, num_branches)
+        self._pending = _Columns(0, obs_dim, num_branches)
+        self._columns = StepColumns(obs_dim, num_branches)
+
+    def _chained_locked(self, ids: np.ndarray, slots, n: int, may_repeat: bool):
+        """Rows of this append whose env has a step waiting for it: None,
+        _EVERY, or their indices (the first row of each
+        such env when ids may repeat)."""
+        if not self._num_pending:
+            return None
+        valid = self._pending_valid
+        if isinstance(slots, slice) and valid.size >= n:
+            has = valid[slots]
+        else:
+            known = ids < valid.size
+            has = np.zeros(n, BOOL)
+            has[known] = valid[ids[known]]
+        if not may_repeat and has.all():
+            return _EVERY
+        rows = has.nonzero()[0]
+        if not rows.size:
+            return None
+        if may_repeat and rows.size > 1:
+            _, first = np.unique(ids[rows], return_index=True)
+            rows = rows[np.sort(first)]
+        return rows
+
+    def _hold_locked(self, slots, top: int, obs, action, reward, version: int) -> None:
+        """Keeps steps until their env's next obs arrives (slots: their env
+        ids as a slice or index array, all below `top`)."""
+        if top > self._pending_valid.size:
+            size = min(MAX_CHAINED_ENV_ID, max(8, 2 * self._pending_valid.size, top))
+            grown = _Columns(size, self._obs_dim, self._num_branches)
+            old = self._pending
+            m = self._pending_valid.size
+            for name in vars(grown):
+                getattr(grown, name)[:m] = getattr(old, name)
+            valid = np.zeros(size, BOOL)
+            valid[:m] = self._pending_valid
+            self._pending, self._pending_valid = grown, valid
+        p = self._pending
+        p.obs[slots] = obs
+        p.actions[slots] = action
+        p.rewards[slots] = reward
+        p.policy_version[slots] = version
+        self._pending_valid[slots] = True
+        self._num_pending += obs.shape[0]
+
+    def _check_room_locked(self, k: int) -> None:
+        """Raises Backpressure unless `k` more rows fit: the batches that must
+        go out so that the rest fits in the buffer each need a free slot."""
+        over = self._n + k - self.max_batch
+        sends = -(-over // self.max_batch) if over > 0 else 0
+        if sends > self._stream.free_slots_locked():
+            raise Backpressure(
+                f"{self._stream.in_flight_locked()} of {self._stream.max_in_flight} batches in flight and "
+                f"{self._n} of {self.max_batch} rows buffered: no room for {k} more")
+
+    def _put_locked(self, now, obs, next_obs, actions, rewards, done, truncated, env_ids, version: int) -> None:
+        """Copies k rows into the buffer, sending it each time it fills and
+        more rows follow (waiting for a slot: block=False callers checked).
+        A batch carries the smallest policy version of its rows."""
+        k = obs.shape[0]
+        b = self._buf
+        w = 0
+        while w < k:
+            if self._n == self.max_batch:
+                self._send_when_room_locked(None)
+                continue  # the sender thread may have sent it meanwhile
+            m = min(self.max_batch - self._n, k - w)
+            dst, src = slice(self._n, self._n + m), slice(w, w + m)
+            b.obs[dst] = obs[src]
+            b.next_obs[dst] = next_obs[src]
+            b.actions[dst] = actions[src]
+            b.rewards[dst] = rewards[src]
+            b.done[dst] = done[src]
+            b.truncated[dst] = truncated[src]
+            b.env_ids[dst] = env_ids[src]
+            if self._n == 0:
+                self._oldest = now
+                self._min_version = version
+            elif version < self._min_version:
+                self._min_version = version
+            self._n += m
+            w += m
+
+    def _after_append_locked(self, now: float) -> None:
+        """Sends a full or overdue buffer when a slot is free; otherwise makes
+        sure the sender thread wakes when it is due."""
+        if not self._n:
+            return
+        due = self._n == self.max_batch or (self.max_delay is not None and now - self._oldest >= self.max_delay)
+        if due and self._stream.has_room_locked():
+            self._send_buffer_locked()
+            return
+        if self._sender_wants_room:
+            return  # the next ack wakes it
+        wake_at = now if due else (self._oldest + self.max_delay if self.max_delay is not None else None)
+        if wake_at is not None and wake_at < self._sender_deadline:
+            self._sender_cv.notify()
+
+    def _send_when_room_locked(self, batch, deadline: float | None = None) -> None:
+        """Sends `batch` (None: the buffer) once a slot is free."""
+        s = self._stream
+        if not s.has_room_locked():
+            ok = self._cv.wait_for(lambda: s.has_room_locked() or s.failure_locked() is not None,
+                                   None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if s.failure_locked() is not None:
+                raise s.failure_locked()
+            if not ok:
+                raise TimeoutError(f"no free slot: {s.in_flight_locked()} batches still unacknowledged")
+        if batch is None:
+            if self._n:  # the sender thread may have sent it while we waited
+                self._send_buffer_locked()
+        else:
+            s.submit_locked(batch)
+
+    def _send_buffer_locked(self) -> None:
+        n, b = self._n, self._buf
+        head = experience_pb2.TransitionBatch(kind=experience_pb2.TransitionBatch.KIND_STEP, count=n,
+                                              policy_version=self._min_version)
+        columns = self._columns.encode(b.obs[:n], b.next_obs[:n], b.actions[:n], b.rewards[:n], b.done[:n],
+                                       b.truncated[:n], b.env_ids[:n])
+        self._stream.submit_locked(head, columns)  # copies the columns out: the buffer is free again
+        self._n = 0
+
+    def _flush(self, timeout: float | None, block: bool) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            self._stream.raise_pending_locked()
+            if self._n:
+                if not block and not self._stream.has_room_locked():
+                    raise Backpressure(
+                        f"{self._stream.in_flight_locked()} batches in flight: the {self._n} buffered rows "
+                        f"cannot go out yet")
+                self._send_when_room_locked(None, deadline)
+        self._stream.wait_idle(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self.acked
+
+    def _on_acked_locked(self) -> None:
+        if self._sender_wants_room:
+            self._sender_cv.notify()
+
+    def _stop_sender(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._sender_cv.notify()
+        if self._sender is not threading.current_thread():
+            self._sender.join()
+
+    def _send_loop(self) -> None:
+        """Sends the buffer when it is due (full, or max_delay old) and a slot
+        is free, so rows go out while the caller does not append."""
+        s = self._stream
+        with self._cv:
+            while not self._stopping:
+                now = time.monotonic()
+                timeout = None
+                self._sender_wants_room = False
+                if self._n and s.failure_locked() is None:
+                    due_at = now if self._n == self.max_batch else (
+                        self._oldest + self.max_delay if self.max_delay is not None else None)
+                    if due_at is not None and due_at <= now:
+                        if s.has_room_locked():
+                            try:
+                                self._send_buffer_locked()
+                            except StreamError:
+                                pass  # closed meanwhile: the caller hears of it
+                            continue
+                        self._sender_wants_room = True
+                    elif due_at is not None:
+                        timeout = due_at - now
+                self._sender_deadline = float("inf") if timeout is None else now + timeout
+                self._sender_cv.wait(timeout)
+            self._sender_wants_room = False
+
+
+def _shaped(a: np.ndarray, shape: tuple, name: str) -> np.ndarray:
+    if a.shape == shape:
+        return a
+    if a.size != math.prod(shape):
+        raise ValueError(f"{name}: shape {a.shape} does not fit {shape}")
+    return a.reshape(shape)
