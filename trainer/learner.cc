@@ -13,9 +13,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "clients/policy/network.h"
 #include "qstream/version.h"
 #include "trainer/config.h"
-#include "trainer/cpu/forward.h"
 
 namespace qstream {
 namespace {
@@ -476,9 +476,12 @@ absl::Status Learner::ComputeQ(const float* obs, int64_t n, std::vector<float>* 
   if (n < 0) return absl::InvalidArgumentError("ComputeQ: negative count");
   if (n > 0 && obs == nullptr) return absl::InvalidArgumentError("ComputeQ: no observations");
   std::shared_ptr<const PolicySnapshot> snapshot = policy();
-  q->resize(static_cast<size_t>(n) * snapshot->spec.total_actions());
-  if (n > 0) ComputeQValues(snapshot->spec, snapshot->params.data(), obs, n, q->data());
-  return absl::OkStatus();
+  // The actors' forward code, so Evaluate answers what an actor computes.
+  absl::StatusOr<qstream::policy::Network> network =
+      qstream::policy::Network::Create(snapshot->spec.ToArchitecture());
+  if (!network.ok()) return network.status();
+  q->resize(static_cast<size_t>(n) * network->total_actions());
+  return network->QValues(snapshot->params, {obs, static_cast<size_t>(n) * network->obs_dim()}, *q);
 }
 
 void Learner::Publish() {

@@ -12,67 +12,23 @@
 #include "absl/strings/str_format.h"
 #include "clients/cpp/env_registry.h"
 #include "clients/cpp/return_tracker.h"
-#include "trainer/cpu/forward.h"
+#include "clients/cpp/writer.h"
 
 namespace qstream::actor {
 namespace {
 
 // The policy must act in the env's space: one branch of num_actions actions.
 absl::Status CheckPolicyFits(const PolicySnapshot& snap, const Env& env) {
-  if (snap.spec.obs_dim != env.obs_dim()) {
-    return absl::FailedPreconditionError(absl::StrCat("policy obs_dim ", snap.spec.obs_dim, " but ",
+  if (snap.network.obs_dim() != env.obs_dim()) {
+    return absl::FailedPreconditionError(absl::StrCat("policy obs_dim ", snap.network.obs_dim(), " but ",
                                                       env.name(), " observations have ", env.obs_dim()));
   }
-  if (snap.spec.num_branches() != 1 || snap.spec.branch_actions[0] != env.num_actions()) {
+  if (snap.network.num_branches() != 1 || snap.network.branch_actions()[0] != env.num_actions()) {
     return absl::FailedPreconditionError(
         absl::StrCat("policy branch_actions must be [", env.num_actions(), "] for ", env.name()));
   }
   return absl::OkStatus();
 }
-
-// Columns of the batch being filled.
-class BatchBuilder {
- public:
-  BatchBuilder() { Clear(); }
-
-  void Add(std::span<const float> obs, std::span<const float> next_obs, int action, float reward,
-           bool terminated, bool truncated, int env_id, int64_t policy_version) {
-    for (float v : obs) {
-      batch_.add_obs(v);
-    }
-    for (float v : next_obs) {
-      batch_.add_next_obs(v);
-    }
-    batch_.add_actions(action);
-    batch_.add_rewards(reward);
-    batch_.add_done(terminated);
-    // A terminal state is never bootstrapped, even when the time limit hit on the same step.
-    batch_.add_truncated(truncated && !terminated);
-    batch_.add_env_ids(static_cast<uint32_t>(env_id));
-    // The oldest policy in the batch: lag is reported conservatively.
-    oldest_version_ = std::min(oldest_version_, policy_version);
-    batch_.set_count(batch_.count() + 1);
-  }
-
-  int count() const { return static_cast<int>(batch_.count()); }
-
-  v1::TransitionBatch Take() {
-    batch_.set_policy_version(oldest_version_);
-    v1::TransitionBatch out = std::move(batch_);
-    Clear();
-    return out;
-  }
-
- private:
-  void Clear() {
-    batch_ = v1::TransitionBatch();
-    batch_.set_kind(v1::TransitionBatch::KIND_STEP);
-    oldest_version_ = std::numeric_limits<int64_t>::max();
-  }
-
-  v1::TransitionBatch batch_;
-  int64_t oldest_version_ = 0;
-};
 
 }  // namespace
 
@@ -102,17 +58,34 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
   const int obs_dim = envs[0]->obs_dim();
   const int num_actions = envs[0]->num_actions();
 
+  WriterOptions writer_options;
+  writer_options.obs_dim = obs_dim;
+  writer_options.num_envs = n;
+  writer_options.flush_transitions = std::max(options.batch_transitions, n);
+  writer_options.flush_after = options.flush_after;
+  auto writer = Writer::Create(stream, writer_options);
+  if (!writer.ok()) {
+    return writer.status();
+  }
+
+  // One vector step of all envs: row i is env i.
   std::vector<float> obs(static_cast<size_t>(n) * obs_dim);
-  std::vector<float> next_obs(obs_dim);
+  std::vector<float> next_obs(obs.size());
+  std::vector<int32_t> actions(n);
+  std::vector<float> rewards(n);
+  std::vector<uint8_t> terminated(n);
+  std::vector<uint8_t> truncated(n);
+  auto row = [obs_dim](std::vector<float>& v, int i) {
+    return std::span<float>(v).subspan(static_cast<size_t>(i) * obs_dim, obs_dim);
+  };
   for (int i = 0; i < n; ++i) {
-    envs[i]->Reset(std::span<float>(obs).subspan(static_cast<size_t>(i) * obs_dim, obs_dim));
+    envs[i]->Reset(row(obs, i));
   }
 
   std::mt19937_64 rng(options.seed);
   std::uniform_real_distribution<double> coin(0.0, 1.0);
   std::uniform_int_distribution<int> random_action(0, num_actions - 1);
   ReturnTracker returns(n, options.return_window);
-  BatchBuilder batch;
   std::vector<float> q;
   std::vector<int32_t> greedy(n);
 
@@ -141,29 +114,36 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
         return fits;
       }
       snap = std::move(latest);
-      q.resize(static_cast<size_t>(n) * snap->spec.total_actions());
+      q.resize(static_cast<size_t>(n) * snap->network.total_actions());
+      (*writer)->set_policy_version(snap->version);
     }
-    ComputeQValues(snap->spec, snap->weights.data(), obs.data(), n, q.data());
-    GreedyActions(snap->spec, q.data(), n, greedy.data());
+    if (absl::Status s = snap->network.QValues(snap->weights, obs, q); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = snap->network.GreedyActions(q, greedy); !s.ok()) {
+      return s;
+    }
 
     const double epsilon = options.epsilon.At(result.env_steps);
     for (int i = 0; i < n; ++i) {
-      const int action = coin(rng) < epsilon ? random_action(rng) : greedy[i];
-      std::span<float> env_obs = std::span<float>(obs).subspan(static_cast<size_t>(i) * obs_dim, obs_dim);
-      const StepResult step = envs[i]->Step(action, next_obs);
-      batch.Add(env_obs, next_obs, action, step.reward, step.terminated, step.truncated, i, snap->version);
-      returns.AddReward(i, step.reward);
-      ++result.env_steps;
-      if (step.terminated || step.truncated) {
-        returns.EndEpisode(i);
-        envs[i]->Reset(env_obs);
-      } else {
-        std::copy(next_obs.begin(), next_obs.end(), env_obs.begin());
-      }
+      actions[i] = coin(rng) < epsilon ? random_action(rng) : greedy[i];
+      const StepResult step = envs[i]->Step(actions[i], row(next_obs, i));
+      rewards[i] = step.reward;
+      terminated[i] = step.terminated ? 1 : 0;
+      truncated[i] = step.truncated ? 1 : 0;
     }
-    if (batch.count() >= options.batch_transitions) {
-      if (absl::Status s = stream.Send(batch.Take()); !s.ok()) {
-        return s;
+    if (absl::Status s = (*writer)->AppendStep({obs, actions, rewards, terminated, truncated, next_obs});
+        !s.ok()) {
+      return s;
+    }
+    for (int i = 0; i < n; ++i) {
+      returns.AddReward(i, rewards[i]);
+      ++result.env_steps;
+      if (terminated[i] != 0 || truncated[i] != 0) {
+        returns.EndEpisode(i);
+        envs[i]->Reset(row(obs, i));
+      } else {
+        std::ranges::copy(row(next_obs, i), row(obs, i).begin());
       }
     }
     if (absl::Now() >= next_report) {
@@ -175,13 +155,8 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
       break;
     }
   }
-  if (batch.count() > 0) {
-    if (absl::Status s = stream.Send(batch.Take()); !s.ok()) {
-      return s;
-    }
-  }
-  if (absl::Status s = stream.Flush(); !s.ok()) {
-    return s;
+  if (absl::StatusOr<int64_t> closed = (*writer)->Close(); !closed.ok()) {
+    return closed.status();
   }
   report(result.reached_target ? "reached" : "done");
   result.episodes = returns.episodes();

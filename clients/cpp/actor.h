@@ -1,7 +1,8 @@
 // Actor: steps N environments with an epsilon-greedy policy over the latest
-// snapshot (the CPU backend's own forward code) and streams 1-step
-// transitions (KIND_STEP, one env_id per environment) so the daemon
-// assembles n-step returns per environment.
+// snapshot (the forward-only policy library, the code the daemon's Evaluate
+// runs) and streams their 1-step transitions through a Writer (KIND_STEP,
+// one env_id per environment) so the daemon assembles n-step returns per
+// environment.
 #pragma once
 
 #include <atomic>
@@ -25,8 +26,10 @@ struct ActorOptions {
   int64_t max_steps = 0;
   EpsilonSchedule epsilon;
   uint64_t seed = 1;
-  // Transitions per TransitionBatch.
+  // Transitions per TransitionBatch (at least num_envs) ...
   int batch_transitions = 64;
+  // ... or fewer, once the oldest of them has waited this long.
+  absl::Duration flush_after = absl::Milliseconds(20);
   // Episodes in the moving mean of returns.
   int return_window = 20;
   // Stop once the moving mean reaches this (over a full window); NaN: never.

@@ -69,7 +69,7 @@ void ExperienceStream::Reconnect() {
   auto attempt = std::make_shared<Attempt>();
   attempt->call = stub_->Stream(&attempt->context);
   absl::MutexLock write_lock(&write_mu_);
-  std::vector<v1::TransitionBatch> resend;
+  std::vector<std::shared_ptr<const v1::TransitionBatch>> resend;
   {
     absl::MutexLock lock(&mu_);
     attempt_ = attempt;
@@ -81,8 +81,8 @@ void ExperienceStream::Reconnect() {
     }
   }
   // A failed write shows up as a failed Read in ReadLoop, which reconnects again.
-  for (const v1::TransitionBatch& b : resend) {
-    if (!attempt->call->Write(b)) {
+  for (const std::shared_ptr<const v1::TransitionBatch>& b : resend) {
+    if (!attempt->call->Write(*b)) {
       break;
     }
   }
@@ -112,7 +112,7 @@ void ExperienceStream::ReadLoop() {
       totals_.throttle = ack.throttle();
       // Acks come in order; one for an older sequence re-acknowledges a resend.
       // A duplicate ack (already inserted earlier) acknowledges the batch too.
-      if (unacked_.empty() || ack.sequence() != unacked_.front().sequence()) {
+      if (unacked_.empty() || ack.sequence() != unacked_.front()->sequence()) {
         continue;
       }
       unacked_.pop_front();
@@ -177,6 +177,7 @@ void ExperienceStream::ReadLoop() {
 
 absl::Status ExperienceStream::Send(v1::TransitionBatch batch) {
   std::shared_ptr<Attempt> attempt;
+  std::shared_ptr<const v1::TransitionBatch> sent;
   int64_t generation = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -193,11 +194,12 @@ absl::Status ExperienceStream::Send(v1::TransitionBatch batch) {
     batch.set_sequence(next_sequence_++);
     batch.set_stream_id(options_.stream_id);
     if (batch.kind() == v1::TransitionBatch::KIND_UNSPECIFIED) {  // the daemon requires a kind
-      batch.set_kind(batch.done_size() > 0 ? v1::TransitionBatch::KIND_STEP : v1::TransitionBatch::KIND_NSTEP);
+      batch.set_kind(batch.has_done() ? v1::TransitionBatch::KIND_STEP : v1::TransitionBatch::KIND_NSTEP);
     }
     ++totals_.sent_batches;
     totals_.sent_transitions += batch.count();
-    unacked_.push_back(batch);
+    sent = std::make_shared<const v1::TransitionBatch>(std::move(batch));
+    unacked_.push_back(sent);
     attempt = attempt_;
     generation = generation_;
   }
@@ -210,7 +212,7 @@ absl::Status ExperienceStream::Send(v1::TransitionBatch batch) {
     }
   }
   // A failed write means the call broke: the reader reconnects and resends.
-  attempt->call->Write(batch);
+  attempt->call->Write(*sent);
   return absl::OkStatus();
 }
 

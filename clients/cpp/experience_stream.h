@@ -13,7 +13,9 @@
 // with the same stream_id took the session over, and this one gives way
 // instead of taking it back. A refused token (UNAUTHENTICATED,
 // PERMISSION_DENIED) is final too, with an error saying so. A batch sent
-// without a kind gets KIND_STEP when it has `done` flags, else KIND_NSTEP.
+// without a kind gets KIND_STEP when it has a `done` column, else KIND_NSTEP.
+// Batches are kept (for resends) without a copy: Send takes its argument by
+// value, so a caller that moves it in pays no copy of the columns.
 #pragma once
 
 #include <cstdint>
@@ -94,7 +96,8 @@ class ExperienceStream {
   mutable absl::Mutex mu_;
   std::shared_ptr<Attempt> attempt_ ABSL_GUARDED_BY(mu_);
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<v1::TransitionBatch> unacked_ ABSL_GUARDED_BY(mu_);
+  // Shared with a Write in progress, so an ack that pops it cannot free it under the writer.
+  std::deque<std::shared_ptr<const v1::TransitionBatch>> unacked_ ABSL_GUARDED_BY(mu_);
   StreamTotals totals_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;    // Close(): half-closed, draining

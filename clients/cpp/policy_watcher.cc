@@ -17,20 +17,11 @@ constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const PolicySnapshot>> SnapshotFromProto(const v1::Policy& policy) {
-  auto spec = NetworkSpec::FromArchitecture(policy.architecture());
-  if (!spec.ok()) {
-    return spec.status();
+  absl::StatusOr<PolicySnapshot> snap = PolicySnapshot::FromProto(policy);
+  if (!snap.ok()) {
+    return snap.status();
   }
-  if (static_cast<int64_t>(policy.weights_size()) != spec->num_params) {
-    return absl::InvalidArgumentError(absl::StrCat("policy version ", policy.version(), " has ",
-                                                   policy.weights_size(), " weights; its architecture needs ",
-                                                   spec->num_params));
-  }
-  auto snap = std::make_shared<PolicySnapshot>();
-  snap->version = policy.version();
-  snap->spec = *std::move(spec);
-  snap->weights.assign(policy.weights().begin(), policy.weights().end());
-  return std::shared_ptr<const PolicySnapshot>(std::move(snap));
+  return std::make_shared<const PolicySnapshot>(*std::move(snap));
 }
 
 absl::StatusOr<std::unique_ptr<PolicyWatcher>> PolicyWatcher::Create(std::shared_ptr<grpc::Channel> channel,
@@ -56,8 +47,8 @@ absl::StatusOr<std::unique_ptr<PolicyWatcher>> PolicyWatcher::Create(std::shared
       return TokenRefusedError("GetPolicy", s);
     }
     if (absl::Now() + backoff >= deadline) {
-      return absl::UnavailableError(absl::StrCat("GetPolicy failed for ", absl::FormatDuration(connect_timeout),
-                                                 ": ", s.error_message()));
+      return absl::UnavailableError(absl::StrCat(
+          "GetPolicy failed for ", absl::FormatDuration(connect_timeout), ": ", s.error_message()));
     }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, kMaxBackoff);

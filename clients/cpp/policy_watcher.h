@@ -8,23 +8,19 @@
 #include <cstdint>
 #include <memory>
 #include <thread>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "clients/policy/network.h"
 #include "grpcpp/grpcpp.h"
 #include "qstream/v1/policy.grpc.pb.h"
-#include "trainer/network_spec.h"
 
 namespace qstream::actor {
 
-struct PolicySnapshot {
-  int64_t version = 0;
-  NetworkSpec spec;
-  std::vector<float> weights;  // spec.num_params floats, NetworkSpec layout
-};
+// Version, network and weights of one published policy.
+using PolicySnapshot = policy::Policy;
 
 // Checks the architecture and the weight count of a wire policy.
 absl::StatusOr<std::shared_ptr<const PolicySnapshot>> SnapshotFromProto(const v1::Policy& policy);

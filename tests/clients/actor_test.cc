@@ -7,11 +7,13 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "clients/cpp/experience_stream.h"
 #include "clients/cpp/policy_watcher.h"
 #include "gtest/gtest.h"
+#include "proto/tensor.h"
 #include "server/daemon.h"
 #include "trainer/config.h"
 
@@ -69,6 +71,7 @@ TEST_F(ActorTest, EverythingStreamedIsAcknowledgedAndInTheReplay) {
   options.num_envs = 3;
   options.max_steps = 3000;
   options.batch_transitions = 50;
+  options.flush_after = absl::Hours(1);  // batches by size only
   options.epsilon = {1.0, 0.1, 1000};
   std::ostringstream log;
   auto result = RunActor(options, **stream, **policy, stop_, log);
@@ -79,9 +82,9 @@ TEST_F(ActorTest, EverythingStreamedIsAcknowledgedAndInTheReplay) {
   EXPECT_GT(result->episodes, 10);  // mostly random CartPole episodes are short
   EXPECT_EQ(result->stream.sent_transitions, 3000);
   EXPECT_EQ(result->stream.acked_batches, result->stream.sent_batches);
-  // A batch goes out once it holds >= 50 transitions: 17 rounds of 3 envs
-  // (51), so 58 full batches and one final batch of the remaining 42.
-  EXPECT_EQ(result->stream.sent_batches, 59);
+  // A batch goes out once it holds 50 transitions (a round of 3 envs may
+  // straddle two batches): 60 of them.
+  EXPECT_EQ(result->stream.sent_batches, 60);
   // Each env's n-step window may still hold its last n-1 steps.
   EXPECT_LE(result->stream.accepted_transitions, 3000);
   EXPECT_GE(result->stream.accepted_transitions, 3000 - options.num_envs * (kNStep - 1));
@@ -108,7 +111,8 @@ TEST_F(ActorTest, FollowsNewPolicyVersions) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_GT((*policy)->Latest()->version, first);
-  EXPECT_EQ(static_cast<int64_t>((*policy)->Latest()->weights.size()), (*policy)->Latest()->spec.num_params);
+  EXPECT_EQ(static_cast<int64_t>((*policy)->Latest()->weights.size()),
+            (*policy)->Latest()->network.num_weights());
 }
 
 TEST_F(ActorTest, StopsWhenTheReturnTargetIsMet) {
@@ -156,13 +160,12 @@ TEST_F(ActorTest, ErrorAckSurfacesWithTheField) {
   v1::TransitionBatch b;
   b.set_kind(v1::TransitionBatch::KIND_STEP);
   b.set_count(1);
-  for (int i = 0; i < 4; ++i) {
-    b.add_obs(0);
-    b.add_next_obs(0);
-  }
-  b.add_actions(0);
-  b.add_rewards(std::numeric_limits<float>::quiet_NaN());
-  b.add_done(false);
+  const std::vector<float> obs(4, 0.0f);
+  wire::SetTensor(b.mutable_obs(), obs, {1, 4});
+  wire::SetTensor(b.mutable_next_obs(), obs, {1, 4});
+  wire::SetTensor(b.mutable_actions(), std::vector<int32_t>{0}, {1, 1});
+  wire::SetTensor(b.mutable_rewards(), std::vector<float>{std::numeric_limits<float>::quiet_NaN()}, {1});
+  wire::SetBoolTensor(b.mutable_done(), {false});
   ASSERT_TRUE((*stream)->Send(b).ok());
   absl::Status s = (*stream)->Flush();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -186,15 +189,19 @@ TEST_F(ActorTest, StreamSurvivesDaemonRestart) {
     v1::TransitionBatch b;
     b.set_kind(v1::TransitionBatch::KIND_NSTEP);
     b.set_count(10);
+    std::vector<float> obs(40);
+    std::vector<float> next_obs(40);
+    std::vector<int32_t> actions(10);
     for (int i = 0; i < 40; ++i) {
-      b.add_obs(0.01f * i);
-      b.add_next_obs(0.02f * i);
+      obs[i] = 0.01f * i;
+      next_obs[i] = 0.02f * i;
     }
-    for (int i = 0; i < 10; ++i) {
-      b.add_actions(i % 2);
-      b.add_rewards(1);
-      b.add_discounts(0.9f);
-    }
+    for (int i = 0; i < 10; ++i) actions[i] = i % 2;
+    wire::SetTensor(b.mutable_obs(), obs, {10, 4});
+    wire::SetTensor(b.mutable_next_obs(), next_obs, {10, 4});
+    wire::SetTensor(b.mutable_actions(), actions, {10, 1});
+    wire::SetTensor(b.mutable_rewards(), std::vector<float>(10, 1.0f), {10});
+    wire::SetTensor(b.mutable_discounts(), std::vector<float>(10, 0.9f), {10});
     return b;
   };
   for (int i = 0; i < 20; ++i) {

@@ -1,0 +1,256 @@
+#include "clients/cpp/writer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "proto/tensor.h"
+
+namespace qstream::actor {
+
+// The columns of one batch being filled, sized for flush_transitions rows.
+struct Writer::Columns {
+  explicit Columns(const WriterOptions& o)
+      : obs(static_cast<size_t>(o.flush_transitions) * o.obs_dim),
+        next_obs(obs.size()),
+        actions(static_cast<size_t>(o.flush_transitions) * o.num_branches),
+        rewards(o.flush_transitions),
+        done(o.flush_transitions),
+        truncated(o.flush_transitions),
+        env_ids(o.flush_transitions) {}
+
+  // One message from the first `count` rows: one copy per column.
+  v1::TransitionBatch ToBatch(const WriterOptions& o) const {
+    const int64_t n = count;
+    v1::TransitionBatch b;
+    b.set_kind(v1::TransitionBatch::KIND_STEP);
+    b.set_count(static_cast<uint32_t>(n));
+    b.set_policy_version(policy_version);
+    wire::SetTensor(b.mutable_obs(), obs.data(), n * o.obs_dim, {n, o.obs_dim});
+    wire::SetTensor(b.mutable_next_obs(), next_obs.data(), n * o.obs_dim, {n, o.obs_dim});
+    wire::SetTensor(b.mutable_actions(), actions.data(), n * o.num_branches, {n, o.num_branches});
+    wire::SetTensor(b.mutable_rewards(), rewards.data(), n, {n});
+    wire::SetTensor(b.mutable_done(), done.data(), n, {n});
+    if (any_truncated) wire::SetTensor(b.mutable_truncated(), truncated.data(), n, {n});
+    wire::SetTensor(b.mutable_env_ids(), env_ids.data(), n, {n});
+    return b;
+  }
+
+  void Clear() {
+    count = 0;
+    any_truncated = false;
+    policy_version = std::numeric_limits<int64_t>::max();
+  }
+
+  std::vector<float> obs;
+  std::vector<float> next_obs;
+  std::vector<int32_t> actions;
+  std::vector<float> rewards;
+  std::vector<uint8_t> done;
+  std::vector<uint8_t> truncated;
+  std::vector<uint32_t> env_ids;
+  int count = 0;
+  bool any_truncated = false;  // an all-false truncated column is left unset
+  int64_t policy_version = std::numeric_limits<int64_t>::max();  // oldest of the rows
+  absl::Time first_append;                                       // of row 0
+};
+
+namespace {
+
+absl::Status SizeError(const char* field, size_t got, size_t want) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", got, " values, expected ", want));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Writer>> Writer::Create(ExperienceStream& stream,
+                                                       const WriterOptions& options) {
+  if (options.obs_dim < 1) return absl::InvalidArgumentError("obs_dim must be >= 1");
+  if (options.num_branches < 1) return absl::InvalidArgumentError("num_branches must be >= 1");
+  if (options.num_envs < 1) return absl::InvalidArgumentError("num_envs must be >= 1");
+  // One AppendStep then needs at most one buffer hand-over.
+  if (options.flush_transitions < options.num_envs) {
+    return absl::InvalidArgumentError("flush_transitions must be >= num_envs");
+  }
+  if (options.flush_after <= absl::ZeroDuration())
+    return absl::InvalidArgumentError("flush_after must be > 0");
+  return std::unique_ptr<Writer>(new Writer(stream, options));
+}
+
+Writer::Writer(ExperienceStream& stream, const WriterOptions& options)
+    : options_(options),
+      stream_(stream),
+      filling_(std::make_unique<Columns>(options)),
+      spare_(std::make_unique<Columns>(options)),
+      accepted_at_start_(stream.totals().accepted_transitions) {
+  sender_ = std::thread([this] { SendLoop(); });
+}
+
+Writer::~Writer() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (sender_.joinable()) sender_.join();
+}
+
+void Writer::set_policy_version(int64_t version) {
+  absl::MutexLock lock(&mu_);
+  policy_version_ = version;
+}
+
+absl::Status Writer::Append(int env_id, std::span<const float> obs, std::span<const int32_t> actions,
+                            float reward, bool terminated, bool truncated, std::span<const float> next_obs) {
+  if (env_id < 0 || env_id >= options_.num_envs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("env_id ", env_id, " not in [0, ", options_.num_envs, ")"));
+  }
+  const uint8_t term = terminated ? 1 : 0;
+  const uint8_t trunc = truncated ? 1 : 0;
+  const VectorStep one{obs, actions, {&reward, 1}, {&term, 1}, {&trunc, 1}, next_obs};
+  return AppendRows(one, 1, static_cast<uint32_t>(env_id));
+}
+
+absl::Status Writer::AppendStep(const VectorStep& step) { return AppendRows(step, options_.num_envs, 0); }
+
+bool Writer::DueLocked(absl::Time now) const {
+  return filling_->count > 0 && now >= filling_->first_append + options_.flush_after;
+}
+
+void Writer::HandOverLocked() {
+  ready_ = std::move(filling_);
+  filling_ = std::move(spare_);
+}
+
+absl::Status Writer::AppendRows(const VectorStep& rows, int count, uint32_t first_env) {
+  const size_t n = static_cast<size_t>(count);
+  const size_t obs_n = n * options_.obs_dim;
+  if (rows.obs.size() != obs_n) return SizeError("obs", rows.obs.size(), obs_n);
+  if (rows.next_obs.size() != obs_n) return SizeError("next_obs", rows.next_obs.size(), obs_n);
+  if (rows.actions.size() != n * options_.num_branches) {
+    return SizeError("actions", rows.actions.size(), n * options_.num_branches);
+  }
+  if (rows.rewards.size() != n) return SizeError("rewards", rows.rewards.size(), n);
+  if (rows.terminated.size() != n) return SizeError("terminated", rows.terminated.size(), n);
+  if (!rows.truncated.empty() && rows.truncated.size() != n) {
+    return SizeError("truncated", rows.truncated.size(), n);
+  }
+
+  absl::MutexLock lock(&mu_);
+  if (!error_.ok()) return error_;
+  if (closed_) return absl::FailedPreconditionError("writer is closed");
+  const int capacity = options_.flush_transitions;
+  if (!options_.block && count > capacity - filling_->count && spare_ == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("writer: both buffers of ", capacity,
+                                                     " transitions are full while the daemon acknowledges "
+                                                     "earlier batches; nothing appended, retry later"));
+  }
+  const absl::Time now = absl::Now();
+  auto spare_free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spare_ != nullptr || !error_.ok(); };
+  const int obs_dim = options_.obs_dim;
+  const int branches = options_.num_branches;
+  for (int row = 0; row < count;) {
+    if (filling_->count == capacity) {
+      // Back-pressure: the sender holds the other buffer until the stream has room.
+      mu_.Await(absl::Condition(&spare_free));
+      if (!error_.ok()) return error_;
+      HandOverLocked();
+    }
+    Columns& c = *filling_;
+    const int take = std::min(count - row, capacity - c.count);
+    if (c.count == 0) c.first_append = now;
+    const size_t at = c.count;
+    std::memcpy(&c.obs[at * obs_dim], &rows.obs[static_cast<size_t>(row) * obs_dim],
+                sizeof(float) * take * obs_dim);
+    std::memcpy(&c.next_obs[at * obs_dim], &rows.next_obs[static_cast<size_t>(row) * obs_dim],
+                sizeof(float) * take * obs_dim);
+    std::memcpy(&c.actions[at * branches], &rows.actions[static_cast<size_t>(row) * branches],
+                sizeof(int32_t) * take * branches);
+    std::memcpy(&c.rewards[at], &rows.rewards[row], sizeof(float) * take);
+    for (int i = 0; i < take; ++i) {
+      const bool terminated = rows.terminated[row + i] != 0;
+      // The daemon refuses both flags: a terminal state is never bootstrapped.
+      const bool truncated = !rows.truncated.empty() && rows.truncated[row + i] != 0 && !terminated;
+      c.done[at + i] = terminated ? 1 : 0;
+      c.truncated[at + i] = truncated ? 1 : 0;
+      c.any_truncated = c.any_truncated || truncated;
+      c.env_ids[at + i] = first_env + static_cast<uint32_t>(row + i);
+    }
+    c.policy_version = std::min(c.policy_version, policy_version_);
+    c.count += take;
+    row += take;
+  }
+  if (spare_ != nullptr && (filling_->count == capacity || DueLocked(now))) HandOverLocked();
+  return absl::OkStatus();
+}
+
+void Writer::SendLoop() {
+  while (true) {
+    std::unique_ptr<Columns> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || ready_ != nullptr; };
+      while (!stop_ && ready_ == nullptr) {
+        if (filling_->count == 0) {
+          // Sleeps until the first row arrives, which starts the clock.
+          auto has_rows = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return stop_ || ready_ != nullptr || filling_->count > 0;
+          };
+          mu_.Await(absl::Condition(&has_rows));
+        } else if (DueLocked(absl::Now())) {
+          HandOverLocked();  // spare_ is free: the sender holds nothing
+        } else {
+          mu_.AwaitWithDeadline(absl::Condition(&woken), filling_->first_append + options_.flush_after);
+        }
+      }
+      if (stop_) return;
+      batch = std::move(ready_);
+    }
+    absl::Status sent = stream_.Send(batch->ToBatch(options_));
+    batch->Clear();
+    absl::MutexLock lock(&mu_);
+    spare_ = std::move(batch);
+    if (!sent.ok() && error_.ok()) error_ = sent;
+    // The caller may have filled its buffer while this one was out.
+    if (filling_->count == options_.flush_transitions) HandOverLocked();
+  }
+}
+
+absl::StatusOr<int64_t> Writer::Flush() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return absl::FailedPreconditionError("writer is closed");
+    auto spare_free = [this]()
+                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spare_ != nullptr || !error_.ok(); };
+    if (filling_->count > 0) {
+      mu_.Await(absl::Condition(&spare_free));
+      if (!error_.ok()) return error_;
+      HandOverLocked();
+    }
+    // The spare is back once the sender handed the last batch to the stream.
+    mu_.Await(absl::Condition(&spare_free));
+    if (!error_.ok()) return error_;
+  }
+  if (absl::Status s = stream_.Flush(); !s.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (error_.ok()) error_ = s;
+    return s;
+  }
+  return stream_.totals().accepted_transitions - accepted_at_start_;
+}
+
+absl::StatusOr<int64_t> Writer::Close() {
+  absl::StatusOr<int64_t> flushed = Flush();
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    stop_ = true;
+  }
+  if (sender_.joinable()) sender_.join();
+  return flushed;
+}
+
+}  // namespace qstream::actor
