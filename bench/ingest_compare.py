@@ -207,7 +207,7 @@ def window_rates(results: list, cpu: list, k: int, args) -> dict:
 
 def run_qstream(peer: str, k: int, clients: int, learner: str, args, config_path: str) -> dict:
     daemon = Server([
-        str(args.qstreamd), "--backend=cpu", f"--config={config_path}", "--listen=127.0.0.1:0",
+        str(args.qstreamd), f"--backend={args.backend}", f"--config={config_path}", "--listen=127.0.0.1:0",
         "--metrics_listen=127.0.0.1:0", f"--samples_per_insert={args.samples_per_insert}",
         f"--min_size_to_sample={args.learner_batch}",
     ])
@@ -224,8 +224,8 @@ def run_qstream(peer: str, k: int, clients: int, learner: str, args, config_path
         common = [f"--items_per_message={k}", f"--start_at={start_at:.3f}",
                   f"--window_seconds={args.window_seconds}", f"--repeats={args.repeats}"]
         if peer == "cpp":
-            argvs = [[str(args.bench), "load", f"--address={grpc_address}", "--config=h200", f"--seed={i + 1}"] + common
-                     for i in range(clients)]
+            argvs = [[str(args.bench), "load", f"--address={grpc_address}", "--config=h200", f"--seed={i + 1}",
+                      f"--streams={args.cpp_streams}"] + common for i in range(clients)]
         else:
             argvs = [[sys.executable, str(HERE / "ingest_sdk_client.py"), f"--address={grpc_address}",
                       f"--seed={i + 1}", f"--api={args.python_api}"] + common for i in range(clients)]
@@ -359,6 +359,8 @@ def main() -> int:
     p.add_argument("--learner", default="paused,running", help="qstream learner modes: paused, running")
     p.add_argument("--samples_per_insert", type=float, default=0, help="qstreamd rate limit, learner running")
     p.add_argument("--learner_batch", type=int, default=256)
+    p.add_argument("--backend", default="cpu", help="qstreamd --backend (cpu|cuda|auto)")
+    p.add_argument("--cpp_streams", type=int, default=1, help="streams per `qstream-bench load` process")
     p.add_argument("--window_seconds", type=float, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup_seconds", type=float, default=2)
@@ -404,6 +406,8 @@ def main() -> int:
                         if peer in QSTREAM_PEERS:
                             case["samples_per_insert"] = args.samples_per_insert if learner == "running" else None
                             case["learner_batch"] = args.learner_batch
+                            case["backend"] = args.backend
+                            case["streams_per_client"] = args.cpp_streams if peer == "cpp" else 1
                         log(f"{peer} learner={learner} items={k} clients={n} ...")
                         try:
                             if peer in QSTREAM_PEERS:

@@ -5,7 +5,9 @@
 # PyTorch peer in the same invocation. Logs go to $OUT (at most 8 files).
 # Usage: stage/gpu-run.sh [STAGE_DIR]   (env SKIP_TESTS=1, SKIP_SANITIZER=1, SKIP_PEER=1, PROFILE=1,
 #   DEMO=1 [DEMO_SECONDS=60]: qstreamd --backend=cuda + CartPole actors via deploy/demo.sh,
-#   E2E=1 [E2E_SECONDS=20 E2E_STREAMS=8]: qstream-bench e2e, qstreamd --backend=cuda under load streams)
+#   E2E=1 [E2E_SECONDS=20 E2E_STREAMS=8]: qstream-bench e2e, qstreamd --backend=cuda under load streams,
+#   INGEST=1 [INGEST_PEERS=cpp INGEST_STREAMS=16]: bench/ingest_compare.py, qstreamd --backend=cuda,
+#   samples_per_insert 1, B = 1024, `qstream-bench load` client processes)
 set -uo pipefail
 stage="$(cd "${1:-$(dirname "$0")}" && pwd)"
 out="${OUT:-/tmp/qstream-out}"
@@ -64,6 +66,21 @@ if [[ "${E2E:-0}" == 1 && -x "$bin/qstreamd" ]]; then
   echo "e2e rc=$?" >> "$summary"
   tee -a "$out/bench.jsonl" < "$out/e2e.tmp" >> "$summary"
   rm -f "$out/e2e.tmp"
+fi
+
+if [[ "${INGEST:-0}" == 1 && -x "$bin/qstreamd" ]]; then
+  # Ingest as clients see it (BENCH.md "Ingest", H200-host target): client processes of
+  # INGEST_STREAMS streams each; learner paused too when the Python SDK can reach Admin.
+  echo "== ingest" >> "$summary"
+  learner=running
+  python3 -c "import grpc" 2>/dev/null && learner=paused,running
+  timeout 580 python3 "$stage/../bench/ingest_compare.py" --build="$bin" --backend=cuda --learner_batch=1024 \
+    --samples_per_insert=1 --peers="${INGEST_PEERS:-cpp}" --learner="$learner" \
+    --cpp_streams="${INGEST_STREAMS:-16}" --items=1,64,1024 --clients=1,4 > "$out/ingest.tmp" 2>> "$out/bench.log"
+  echo "ingest rc=$?" >> "$summary"
+  grep '^{' "$out/ingest.tmp" >> "$out/bench.jsonl"
+  grep -v '^{' "$out/ingest.tmp" >> "$summary"
+  rm -f "$out/ingest.tmp"
 fi
 
 if [[ "${DEMO:-0}" == 1 && -x "$bin/qstreamd" && -x "$bin/qstream-actor" ]]; then
