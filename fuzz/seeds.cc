@@ -23,6 +23,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/text_format.h"
+#include "proto/tensor.h"
 #include "qstream/v1/checkpoint.pb.h"
 #include "qstream/v1/experience.pb.h"
 #include "trainer/checkpoint.h"
@@ -63,16 +64,22 @@ v1::TransitionBatch StepBatch(const std::string& stream_id, uint64_t sequence, i
   b.set_stream_id(stream_id);
   b.set_sequence(sequence);
   b.set_count(count);
+  std::vector<float> obs, next_obs, rewards;
+  std::vector<int32_t> actions;
   for (int i = 0; i < count; ++i) {
     for (int d = 0; d < kObsDim; ++d) {
-      b.add_obs(0.1f * (i + d));
-      b.add_next_obs(0.1f * (i + d + 1));
+      obs.push_back(0.1f * (i + d));
+      next_obs.push_back(0.1f * (i + d + 1));
     }
-    b.add_actions(i % 2);
-    b.add_rewards(i % 3 == 0 ? 1.0f : 0.0f);
-    b.add_done(false);
+    actions.push_back(i % 2);
+    rewards.push_back(i % 3 == 0 ? 1.0f : 0.0f);
   }
-  for (uint32_t id : env_ids) b.add_env_ids(id);
+  wire::SetTensor(b.mutable_obs(), obs, {count, kObsDim});
+  wire::SetTensor(b.mutable_next_obs(), next_obs, {count, kObsDim});
+  wire::SetTensor(b.mutable_actions(), actions, {count, 1});
+  wire::SetTensor(b.mutable_rewards(), rewards, {count});
+  wire::SetBoolTensor(b.mutable_done(), std::vector<bool>(count, false));
+  if (!env_ids.empty()) wire::SetTensor(b.mutable_env_ids(), env_ids, {static_cast<int64_t>(env_ids.size())});
   b.set_policy_version(static_cast<int64_t>(sequence));
   return b;
 }
@@ -100,18 +107,15 @@ void TransitionBatchSeeds(const fs::path& dir) {
   // One env over three batches, the episode ending in the second.
   v1::TransitionBatch a = StepBatch("actor-1", 1, 2);
   v1::TransitionBatch b = StepBatch("actor-1", 2, 3);
-  b.set_done(2, true);
+  wire::SetElement(b.mutable_done(), 2, uint8_t{1});
   v1::TransitionBatch c = StepBatch("actor-1", 3, 4);
   Write(dir / "step_one_env", Delimited({a, b, c}));
 
   // Interleaved envs, a time-limit cut, no stream_id.
   v1::TransitionBatch m1 = StepBatch("", 0, 4, {0, 1, 2, 1});
-  m1.add_truncated(false);
-  m1.add_truncated(true);
-  m1.add_truncated(false);
-  m1.add_truncated(false);
+  wire::SetBoolTensor(m1.mutable_truncated(), {false, true, false, false});
   v1::TransitionBatch m2 = StepBatch("", 0, 3, {2, 0, 3});
-  m2.set_done(0, true);
+  wire::SetElement(m2.mutable_done(), 0, uint8_t{1});
   Write(dir / "step_envs_truncated", Delimited({m1, m2}));
 
   // More envs than the session holds.
@@ -121,26 +125,31 @@ void TransitionBatchSeeds(const fs::path& dir) {
   v1::TransitionBatch n = StepBatch("nstep@host:1", 1, 2);
   n.set_kind(v1::TransitionBatch::KIND_NSTEP);
   n.clear_done();
-  n.add_discounts(0.729f);
-  n.add_discounts(0.0f);
+  wire::SetTensor(n.mutable_discounts(), std::vector<float>{0.729f, 0.0f}, {2});
   Write(dir / "nstep", Delimited({n}));
 
   // Near misses: one field wrong each.
   v1::TransitionBatch bad_id = StepBatch("has space", 1, 1);
   v1::TransitionBatch long_id = StepBatch(std::string(40, 'x'), 1, 1);
   v1::TransitionBatch short_obs = StepBatch("a", 1, 2);
-  short_obs.mutable_obs()->RemoveLast();
+  short_obs.mutable_obs()->mutable_data()->resize(short_obs.obs().data().size() - 4);
   v1::TransitionBatch bad_action = StepBatch("a", 2, 2);
-  bad_action.set_actions(1, 2);
+  wire::SetElement(bad_action.mutable_actions(), 1, int32_t{2});
   v1::TransitionBatch nan_reward = StepBatch("a", 3, 1);
-  nan_reward.set_rewards(0, std::numeric_limits<float>::quiet_NaN());
+  wire::SetElement(nan_reward.mutable_rewards(), 0, std::numeric_limits<float>::quiet_NaN());
   v1::TransitionBatch done_and_truncated = StepBatch("a", 4, 1);
-  done_and_truncated.set_done(0, true);
-  done_and_truncated.add_truncated(true);
+  wire::SetElement(done_and_truncated.mutable_done(), 0, uint8_t{1});
+  wire::SetBoolTensor(done_and_truncated.mutable_truncated(), {true});
   v1::TransitionBatch unspecified = StepBatch("a", 5, 1);
   unspecified.set_kind(v1::TransitionBatch::KIND_UNSPECIFIED);
-  Write(dir / "near_misses",
-        Delimited({bad_id, long_id, short_obs, bad_action, nan_reward, done_and_truncated, unspecified}));
+  v1::TransitionBatch bad_shape = StepBatch("a", 6, 2);
+  bad_shape.mutable_obs()->set_shape(1, kObsDim + 1);
+  v1::TransitionBatch bad_dtype = StepBatch("a", 7, 2);
+  bad_dtype.mutable_actions()->set_dtype(v1::Tensor::DTYPE_UINT32);
+  v1::TransitionBatch bad_flag = StepBatch("a", 8, 2);
+  wire::SetElement(bad_flag.mutable_done(), 1, uint8_t{7});
+  Write(dir / "near_misses", Delimited({bad_id, long_id, short_obs, bad_action, nan_reward,
+                                        done_and_truncated, unspecified, bad_shape, bad_dtype, bad_flag}));
 
   // Bytes that do not parse, then a good batch on the same stream.
   const std::string good = StepBatch("a", 1, 1).SerializeAsString();

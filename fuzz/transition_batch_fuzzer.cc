@@ -59,12 +59,14 @@ const Setup& GetSetup() {
 }
 
 // Every column of `c` holds c.n rows of the network's shape.
-void CheckColumns(const TransitionColumns& c, const NetworkSpec& spec) {
+// Columns the replay takes (with_discounts) or a validated KIND_STEP batch's
+// (no discounts: the assembler computes them).
+void CheckColumns(const TransitionColumns& c, const NetworkSpec& spec, bool with_discounts = true) {
   FUZZ_CHECK(c.obs.size() == static_cast<size_t>(c.n) * spec.obs_dim);
   FUZZ_CHECK(c.next_obs.size() == c.obs.size());
   FUZZ_CHECK(c.actions.size() == static_cast<size_t>(c.n) * spec.num_branches());
   FUZZ_CHECK(c.rewards.size() == static_cast<size_t>(c.n));
-  FUZZ_CHECK(c.discounts.size() == static_cast<size_t>(c.n));
+  FUZZ_CHECK(c.discounts.size() == (with_discounts ? static_cast<size_t>(c.n) : 0));
   for (float d : c.discounts) FUZZ_CHECK(d >= 0 && d <= 1);
 }
 
@@ -97,7 +99,9 @@ void OneMessage(absl::string_view bytes, size_t split, NStepWindows* committed) 
   FUZZ_CHECK(from_buffer.SerializeAsString() == batch.SerializeAsString());
   if (decoded.result != DecodedBatch::kParsed) return;
 
-  if (ValidateBatch(batch, s.spec, s.server)) return;
+  IncomingBatch incoming;
+  if (ValidateBatch(batch, s.spec, s.server, &incoming)) return;
+  CheckColumns(incoming.columns, s.spec, /*with_discounts=*/batch.kind() == v1::TransitionBatch::KIND_NSTEP);
   if (batch.kind() != v1::TransitionBatch::KIND_STEP) return;
 
   NStepWindows delta;
@@ -105,7 +109,7 @@ void OneMessage(absl::string_view bytes, size_t split, NStepWindows* committed) 
   out.obs_dim = s.spec.obs_dim;
   out.num_branches = s.spec.num_branches();
   const int64_t pending = NStepAssembler::Pending(*committed);
-  if (s.assembler.Add(batch, *committed, &delta, &out)) {
+  if (s.assembler.Add(incoming, *committed, &delta, &out)) {
     FUZZ_CHECK(delta.empty() && out.n == 0);
     return;
   }

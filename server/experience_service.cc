@@ -87,30 +87,29 @@ class ExperienceService::StreamReactor final : public Reactor,
       Reject(decoded.error);
       return;
     }
-    if (auto error = ValidateBatch(batch_, service_->spec_, service_->config_.server())) {
+    IncomingBatch incoming;
+    if (auto error = ValidateBatch(batch_, service_->spec_, service_->config_.server(), &incoming)) {
       Reject(*error);
       return;
     }
+    batch_.Clear();  // the columns are copied out; the next read parses into it again
     if (session_ == nullptr) {
-      stream_id_ = batch_.stream_id();
+      stream_id_ = incoming.stream_id;
       session_ = service_->sessions_->Attach(stream_id_, [weak = weak_from_this()] {
         if (auto self = weak.lock()) self->OnSuperseded();
       });
-    } else if (batch_.stream_id() != stream_id_) {
+    } else if (incoming.stream_id != stream_id_) {
       Reject(BatchError{v1::Error::INVALID_FIELD, "stream_id",
-                        absl::StrCat("stream_id: \"", batch_.stream_id(), "\" differs from \"", stream_id_,
+                        absl::StrCat("stream_id: \"", incoming.stream_id, "\" differs from \"", stream_id_,
                                      "\" that this stream started with")});
       return;
     }
     const int64_t lag = std::max<int64_t>(
-        0, service_->policy_version_.load(std::memory_order_relaxed) - batch_.policy_version());
-    // The session copies what it keeps; the parsed batch is freed when
-    // Submit returns (the outcome may already have started the next read,
-    // which parses into batch_ again).
-    const v1::TransitionBatch batch = std::move(batch_);
-    service_->sessions_->Submit(session_, batch, [self = shared_from_this(), lag](IngestOutcome outcome) {
-      self->OnOutcome(std::move(outcome), lag);
-    });
+        0, service_->policy_version_.load(std::memory_order_relaxed) - incoming.policy_version);
+    service_->sessions_->Submit(session_, std::move(incoming),
+                                [self = shared_from_this(), lag](IngestOutcome outcome) {
+                                  self->OnOutcome(std::move(outcome), lag);
+                                });
   }
 
   void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
@@ -171,7 +170,8 @@ class ExperienceService::StreamReactor final : public Reactor,
   // reconnect.
   void OnClosed(bool cancelled) {
     if (session_ == nullptr) {
-      FinishOnce(cancelled ? grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled") : grpc::Status::OK);
+      FinishOnce(cancelled ? grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled")
+                           : grpc::Status::OK);
       return;
     }
     if (cancelled) {
@@ -306,9 +306,10 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ExperienceService::
         grpc::Status(grpc::StatusCode::UNAVAILABLE, "qstreamd is starting (restoring a checkpoint); retry"));
   }
   if (!counters_->TryOpenStream(config_.server().max_streams())) {
-    return new RejectReactor(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                          absl::StrCat("server.max_streams = ", config_.server().max_streams(),
-                                                       " actor streams already open")));
+    return new RejectReactor(
+        grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                     absl::StrCat("server.max_streams = ", config_.server().max_streams(),
+                                  " actor streams already open")));
   }
   auto reactor = std::make_shared<StreamReactor>(this, context);
   streams_.insert(reactor.get());

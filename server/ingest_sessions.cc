@@ -32,17 +32,13 @@ struct IngestSessions::Work {
     kExpiryFlush,  // flush every window unless a stream re-attached since `epoch`
   };
   Type type = Type::kBatch;
-  // Copied only when the batch has to wait; else `inline_batch` points at the
-  // caller's batch (valid during Submit).
-  v1::TransitionBatch batch;
-  const v1::TransitionBatch* inline_batch = nullptr;
+  // Its columns move on into the replay (KIND_NSTEP) or the assembler.
+  IncomingBatch batch;
   uint64_t epoch = 0;
   // The batch's bytes reserved in queued_bytes_ by Submit, released with
   // its outcome.
   int64_t reserved_bytes = 0;
   Done done;
-
-  const v1::TransitionBatch& get() const { return inline_batch ? *inline_batch : batch; }
 
   static Work Of(Type type, Done done = nullptr, uint64_t epoch = 0) {
     Work w;
@@ -88,14 +84,6 @@ IngestOutcome Outcome(int64_t replay_size) {
   IngestOutcome o;
   o.replay_size = replay_size;
   return o;
-}
-
-// Heap bytes of a parsed batch (its columns and the message).
-int64_t BatchBytes(const v1::TransitionBatch& b) {
-  const int64_t words = static_cast<int64_t>(b.obs_size()) + b.next_obs_size() + b.actions_size() + b.rewards_size() +
-                        b.discounts_size() + b.env_ids_size();
-  return words * 4 + b.done_size() + b.truncated_size() + static_cast<int64_t>(b.stream_id().size()) +
-         static_cast<int64_t>(sizeof(v1::TransitionBatch));
 }
 
 }  // namespace
@@ -195,10 +183,9 @@ std::shared_ptr<IngestSession> IngestSessions::Attach(const std::string& stream_
   return handle;
 }
 
-void IngestSessions::Submit(const std::shared_ptr<IngestSession>& session, const v1::TransitionBatch& batch,
-                            Done done) {
+void IngestSessions::Submit(const std::shared_ptr<IngestSession>& session, IncomingBatch batch, Done done) {
   const std::shared_ptr<IngestRecord>& r = session->record();
-  const int64_t bytes = BatchBytes(batch);
+  const int64_t bytes = batch.bytes();
   if (!TryReserve(bytes)) {
     counters_->Rejected("queued_bytes");
     IngestOutcome outcome = Outcome(replay_size_.load(std::memory_order_relaxed));
@@ -208,16 +195,15 @@ void IngestSessions::Submit(const std::shared_ptr<IngestSession>& session, const
   }
   Work work = Work::Of(Work::Type::kBatch, std::move(done));
   work.reserved_bytes = bytes;
+  work.batch = std::move(batch);
   {
     absl::MutexLock lock(&r->mu);
     if (!r->Idle()) {
-      work.batch = batch;
       r->queue.push_back(std::move(work));
       return;
     }
     r->busy = true;
   }
-  work.inline_batch = &batch;
   Run(r, std::move(work));
 }
 
@@ -306,13 +292,13 @@ std::optional<IngestSessions::Finished> IngestSessions::Process(const std::share
       assembler_.Flush(r->windows, &columns);
       for (const auto& [id, w] : r->windows) delta.emplace(id, NStepWindow{});
     } else {
-      const v1::TransitionBatch& batch = work.get();
-      sequence = batch.sequence();
+      IncomingBatch& batch = work.batch;
+      sequence = batch.sequence;
       if (sequence != 0 && sequence <= r->last_sequence) {
         finished.outcome.duplicate = true;
         return finished;
       }
-      if (batch.kind() == v1::TransitionBatch::KIND_STEP) {
+      if (batch.kind == v1::TransitionBatch::KIND_STEP) {
         if (auto error = assembler_.Add(batch, r->windows, &delta, &columns)) {
           finished.outcome.error = std::move(*error);
           return finished;
@@ -321,7 +307,7 @@ std::optional<IngestSessions::Finished> IngestSessions::Process(const std::share
         opened_bytes = NStepAssembler::Opened(delta, r->windows) * window_bytes;
         queued_bytes_.fetch_add(opened_bytes, std::memory_order_relaxed);
       } else {
-        columns = ColumnsFromNStepBatch(batch, spec_);
+        columns = std::move(batch.columns);
       }
       if (columns.n == 0) {  // every step waits in its window: nothing to insert, commit now
         const int64_t gained = NStepAssembler::Commit(&delta, &r->windows);
@@ -442,14 +428,16 @@ absl::Status IngestSessions::Restore(const v1::IngestState& state) {
   for (const v1::IngestSessionState& s : state.sessions()) {
     NStepWindows windows;
     if (auto st = assembler_.Load(s.windows(), &windows); !st.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("ingest session \"", s.stream_id(), "\": ", st.message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ingest session \"", s.stream_id(), "\": ", st.message()));
     }
     if (s.stream_id().empty()) {
       assembler_.Flush(windows, &flush);
       continue;
     }
     if (restored.count(s.stream_id())) {
-      return absl::InvalidArgumentError(absl::StrCat("ingest session \"", s.stream_id(), "\": appears twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ingest session \"", s.stream_id(), "\": appears twice"));
     }
     auto r = std::make_shared<IngestRecord>(s.stream_id(), 0);
     absl::MutexLock lock(&r->mu);

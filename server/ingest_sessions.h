@@ -67,9 +67,9 @@ struct IngestOutcome {
   // Set when the batch was rejected by the session (e.g. too many env ids);
   // nothing of it was inserted. The stream carries on.
   std::optional<BatchError> error;
-  int64_t accepted = 0;      // transitions written to the replay for this batch
-  bool duplicate = false;    // sequence already committed; nothing inserted
-  int64_t replay_size = 0;   // after the insert (or the latest known)
+  int64_t accepted = 0;     // transitions written to the replay for this batch
+  bool duplicate = false;   // sequence already committed; nothing inserted
+  int64_t replay_size = 0;  // after the insert (or the latest known)
 };
 
 class IngestSessions {
@@ -93,11 +93,11 @@ class IngestSessions {
   std::shared_ptr<IngestSession> Attach(const std::string& stream_id, std::function<void()> on_superseded)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Submits a validated batch (ValidateBatch passed). `done` runs exactly
+  // Submits a validated batch (ValidateBatch's columns). `done` runs exactly
   // once: inline for a duplicate or a session-level rejection, else on the
   // learner thread once the batch is committed (or failed). `done` must not
   // block. A stream submits its next batch only after `done` ran.
-  void Submit(const std::shared_ptr<IngestSession>& session, const v1::TransitionBatch& batch, Done done)
+  void Submit(const std::shared_ptr<IngestSession>& session, IncomingBatch batch, Done done)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The stream ends. clean (a half-close): the session's windows are flushed
@@ -105,7 +105,8 @@ class IngestSessions {
   // otherwise the session stays for a reconnect (private sessions flush at
   // once) and `flushed` runs at once. No-op for a stream that was superseded
   // (its successor owns the session); `flushed` still runs.
-  void Detach(const std::shared_ptr<IngestSession>& session, bool clean, Done flushed) ABSL_LOCKS_EXCLUDED(mu_);
+  void Detach(const std::shared_ptr<IngestSession>& session, bool clean, Done flushed)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Committed state of every session (learner thread, from the checkpoint
   // snapshot hook; consistent with the replay at that moment).
@@ -138,7 +139,8 @@ class IngestSessions {
   void Run(const std::shared_ptr<IngestRecord>& r, Work work) ABSL_LOCKS_EXCLUDED(mu_);
   // Starts one work item: returns its outcome when it completed at once, or
   // nullopt when it went to the learner (the insert callback finishes it).
-  std::optional<Finished> Process(const std::shared_ptr<IngestRecord>& r, Work& work) ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<Finished> Process(const std::shared_ptr<IngestRecord>& r, Work& work)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Drops a private session once its stream is gone and its windows are in
   // the replay.
   void MaybeForgetPrivate(const std::shared_ptr<IngestRecord>& r) ABSL_LOCKS_EXCLUDED(mu_);

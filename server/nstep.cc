@@ -31,7 +31,8 @@ NStepWindow NStepAssembler::EmptyWindow() const {
   return w;
 }
 
-NStepWindow& NStepAssembler::Touch(uint32_t env_id, const NStepWindows& committed, NStepWindows* delta) const {
+NStepWindow& NStepAssembler::Touch(uint32_t env_id, const NStepWindows& committed,
+                                   NStepWindows* delta) const {
   auto it = delta->find(env_id);
   if (it != delta->end()) return it->second;
   auto c = committed.find(env_id);
@@ -69,11 +70,12 @@ void NStepAssembler::EmitAll(const NStepWindow& w, bool terminal, TransitionColu
   for (int k = 0; k < w.size; ++k) Emit(w, k, terminal, out);
 }
 
-std::optional<BatchError> NStepAssembler::Add(const v1::TransitionBatch& batch, const NStepWindows& committed,
+std::optional<BatchError> NStepAssembler::Add(const IncomingBatch& batch, const NStepWindows& committed,
                                               NStepWindows* delta, TransitionColumns* out) const {
   const int64_t count = batch.count();
-  const bool has_env_ids = batch.env_ids_size() > 0;
-  const bool has_truncated = batch.truncated_size() > 0;
+  const bool has_env_ids = !batch.env_ids.empty();
+  const bool has_truncated = !batch.truncated.empty();
+  const TransitionColumns& in = batch.columns;
   {
     // Admission first, so a rejected batch leaves every window untouched.
     // Without env_ids every row is env 0, which counts like any other.
@@ -81,23 +83,24 @@ std::optional<BatchError> NStepAssembler::Add(const v1::TransitionBatch& batch, 
     for (const auto& [id, w] : *delta) envs += committed.count(id) ? 0 : 1;
     std::unordered_set<uint32_t> fresh;
     for (int64_t i = 0; i < (has_env_ids ? count : 1); ++i) {
-      const uint32_t id = has_env_ids ? batch.env_ids(i) : 0;
+      const uint32_t id = has_env_ids ? batch.env_ids[i] : 0;
       if (committed.count(id) || delta->count(id) || !fresh.insert(id).second) continue;
       if (++envs > max_envs_) {
-        return BatchError{v1::Error::TOO_LARGE, "env_ids",
-                          absl::StrCat(has_env_ids ? absl::StrCat("env_ids[", i, "]: ", id) : "env 0 (no env_ids)",
-                                       " opens more than server.max_envs_per_stream = ", max_envs_,
-                                       " environments on this stream")};
+        return BatchError{
+            v1::Error::TOO_LARGE, "env_ids",
+            absl::StrCat(has_env_ids ? absl::StrCat("env_ids[", i, "]: ", id) : "env 0 (no env_ids)",
+                         " opens more than server.max_envs_per_stream = ", max_envs_,
+                         " environments on this stream")};
       }
     }
   }
   out->Reserve(out->n + count);
   for (int64_t i = 0; i < count; ++i) {
-    NStepWindow& w = Touch(has_env_ids ? batch.env_ids(i) : 0, committed, delta);
-    Push(w, batch.obs().data() + i * obs_dim_, batch.actions().data() + i * branches_, batch.rewards(i),
-         batch.next_obs().data() + i * obs_dim_);
-    const bool done = batch.done(i);
-    if (done || (has_truncated && batch.truncated(i))) {
+    NStepWindow& w = Touch(has_env_ids ? batch.env_ids[i] : 0, committed, delta);
+    Push(w, in.obs.data() + i * obs_dim_, in.actions.data() + i * branches_, in.rewards[i],
+         in.next_obs.data() + i * obs_dim_);
+    const bool done = batch.done[i] != 0;
+    if (done || (has_truncated && batch.truncated[i] != 0)) {
       EmitAll(w, /*terminal=*/done, out);
       w.head = 0;
       w.size = 0;
@@ -154,7 +157,8 @@ void NStepAssembler::Save(const NStepWindows& windows,
     for (int k = 0; k < w.size; ++k) {
       const size_t slot = static_cast<size_t>((w.head + k) % n_);
       s->mutable_obs()->Add(w.obs.begin() + slot * obs_dim_, w.obs.begin() + (slot + 1) * obs_dim_);
-      s->mutable_actions()->Add(w.actions.begin() + slot * branches_, w.actions.begin() + (slot + 1) * branches_);
+      s->mutable_actions()->Add(w.actions.begin() + slot * branches_,
+                                w.actions.begin() + (slot + 1) * branches_);
       s->add_rewards(w.rewards[slot]);
     }
     s->mutable_last_next_obs()->Add(w.last_next_obs.begin(), w.last_next_obs.end());
@@ -170,16 +174,16 @@ absl::Status NStepAssembler::Load(const google::protobuf::RepeatedPtrField<v1::N
     const int size = s.rewards_size();
     if (size == 0) continue;
     if (size >= n_) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", size, " steps; returns.n_step = ", n_,
-                                                     " holds at most ", n_ - 1));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", size, " steps; returns.n_step = ", n_, " holds at most ", n_ - 1));
     }
     if (s.obs_size() != size * obs_dim_) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": obs: ", s.obs_size(), " values, expected ", size,
-                                                     " x obs_dim ", obs_dim_));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": obs: ", s.obs_size(), " values, expected ", size, " x obs_dim ", obs_dim_));
     }
     if (s.actions_size() != size * branches_) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": actions: ", s.actions_size(), " values, expected ",
-                                                     size, " x branches ", branches_));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": actions: ", s.actions_size(),
+                                                     " values, expected ", size, " x branches ", branches_));
     }
     if (s.last_next_obs_size() != obs_dim_) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": last_next_obs: ", s.last_next_obs_size(),
@@ -189,7 +193,8 @@ absl::Status NStepAssembler::Load(const google::protobuf::RepeatedPtrField<v1::N
       const int b = j % branches_;
       if (s.actions(j) < 0 || s.actions(j) >= branch_actions_[b]) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": actions[", j, "]: ", s.actions(j),
-                                                       " out of range [0, ", branch_actions_[b], ") for branch ", b));
+                                                       " out of range [0, ", branch_actions_[b],
+                                                       ") for branch ", b));
       }
     }
     NStepWindow w = EmptyWindow();

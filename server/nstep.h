@@ -58,7 +58,7 @@ class NStepAssembler {
   // and updated there; `committed` is not changed. A `delta` that already
   // holds windows is continued. On error (too many env ids) nothing is
   // appended and `delta` is unchanged.
-  std::optional<BatchError> Add(const v1::TransitionBatch& batch, const NStepWindows& committed,
+  std::optional<BatchError> Add(const IncomingBatch& batch, const NStepWindows& committed,
                                 NStepWindows* delta, TransitionColumns* out) const;
 
   // Appends every item of every window as a shorter-horizon, non-terminal
@@ -85,7 +85,8 @@ class NStepAssembler {
   void Save(const NStepWindows& windows, google::protobuf::RepeatedPtrField<v1::NStepWindowState>* out) const;
   // The inverse of Save. InvalidArgument naming the window and the field
   // when a window does not fit the network or holds n or more steps.
-  absl::Status Load(const google::protobuf::RepeatedPtrField<v1::NStepWindowState>& in, NStepWindows* out) const;
+  absl::Status Load(const google::protobuf::RepeatedPtrField<v1::NStepWindowState>& in,
+                    NStepWindows* out) const;
 
   int n_step() const { return n_; }
 
@@ -93,7 +94,8 @@ class NStepAssembler {
   NStepWindow EmptyWindow() const;
   // The window of `env_id` in `delta`, copied from `committed` first.
   NStepWindow& Touch(uint32_t env_id, const NStepWindows& committed, NStepWindows* delta) const;
-  void Push(NStepWindow& w, const float* obs, const int32_t* actions, float reward, const float* next_obs) const;
+  void Push(NStepWindow& w, const float* obs, const int32_t* actions, float reward,
+            const float* next_obs) const;
   // Appends the item `offset` steps after the head: its return over the
   // rest of the window.
   void Emit(const NStepWindow& w, int offset, bool terminal, TransitionColumns* out) const;

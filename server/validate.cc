@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/wire_format_lite.h"
@@ -26,8 +27,8 @@ const std::vector<std::string>& BatchFieldNames() {
   // "queued_bytes": server.max_queued_bytes was full; "message": the bytes
   // did not parse (the stream ended).
   static const std::vector<std::string> kNames = {
-      "kind",    "count",   "obs",       "next_obs", "actions",        "rewards",   "discounts",
-      "done",    "truncated", "env_ids", "policy_version", "stream_id", "queued_bytes", "message"};
+      "kind", "count",     "obs",     "next_obs",       "actions",   "rewards",      "discounts",
+      "done", "truncated", "env_ids", "policy_version", "stream_id", "queued_bytes", "message"};
   return kNames;
 }
 
@@ -53,12 +54,6 @@ BatchError Invalid(const std::string& field, std::string message) {
   return BatchError{v1::Error::INVALID_FIELD, field, std::move(message)};
 }
 
-std::optional<BatchError> CheckLength(const char* field, int64_t actual, int64_t expected,
-                                      const std::string& expected_how) {
-  if (actual == expected) return std::nullopt;
-  return Invalid(field, absl::StrCat(field, ": ", actual, " values, expected ", expected_how, " = ", expected));
-}
-
 std::optional<BatchError> CheckFinite(const char* field, const float* x, int64_t n) {
   const int64_t i = FirstNonFinite(x, n);
   if (i < 0) return std::nullopt;
@@ -77,7 +72,8 @@ BatchError StreamIdTooLong(uint64_t bytes, const v1::ServerConfig& server) {
 }
 
 std::optional<BatchError> CheckStreamId(absl::string_view id, const v1::ServerConfig& server) {
-  if (static_cast<int64_t>(id.size()) > server.max_stream_id_bytes()) return StreamIdTooLong(id.size(), server);
+  if (static_cast<int64_t>(id.size()) > server.max_stream_id_bytes())
+    return StreamIdTooLong(id.size(), server);
   for (size_t i = 0; i < id.size(); ++i) {
     if (!StreamIdChar(id[i])) {
       return Invalid("stream_id", absl::StrCat("stream_id[", i, "]: byte 0x",
@@ -151,7 +147,8 @@ DecodedBatch Decode(Open open, size_t size, const v1::ServerConfig& server, v1::
     DecodedBatch d = ScanStreamIds(&scan, server, &sequence);
     if (d.result == DecodedBatch::kRejected) out->set_sequence(sequence);
     if (d.result == DecodedBatch::kUnparsable) {
-      d.error.message = absl::StrCat("TransitionBatch: message does not parse (", size, " bytes): ", d.error.message);
+      d.error.message =
+          absl::StrCat("TransitionBatch: message does not parse (", size, " bytes): ", d.error.message);
     }
     if (d.result != DecodedBatch::kParsed) return d;
   }
@@ -170,8 +167,11 @@ DecodedBatch DecodeBatch(absl::string_view bytes, const v1::ServerConfig& server
     return Unparsable(absl::StrCat("TransitionBatch: message does not parse (", bytes.size(),
                                    " bytes): more than protobuf parses"));
   }
-  return Decode([bytes] { return google::protobuf::io::ArrayInputStream(bytes.data(), static_cast<int>(bytes.size())); },
-                bytes.size(), server, out);
+  return Decode(
+      [bytes] {
+        return google::protobuf::io::ArrayInputStream(bytes.data(), static_cast<int>(bytes.size()));
+      },
+      bytes.size(), server, out);
 }
 
 DecodedBatch DecodeBatch(grpc::ByteBuffer* bytes, const v1::ServerConfig& server, v1::TransitionBatch* out) {
@@ -179,8 +179,107 @@ DecodedBatch DecodeBatch(grpc::ByteBuffer* bytes, const v1::ServerConfig& server
   return Decode([bytes] { return grpc::ProtoBufferReader(bytes); }, size, server, out);
 }
 
+int64_t IncomingBatch::bytes() const {
+  const TransitionColumns& c = columns;
+  const int64_t words = static_cast<int64_t>(c.obs.size() + c.next_obs.size() + c.actions.size() +
+                                             c.rewards.size() + c.discounts.size() + env_ids.size());
+  return words * 4 + static_cast<int64_t>(done.size() + truncated.size() + stream_id.size()) +
+         static_cast<int64_t>(sizeof(IncomingBatch));
+}
+
+namespace {
+
+const char* DTypeName(int dtype) {
+  switch (dtype) {
+    case v1::Tensor::DTYPE_FLOAT32: return "DTYPE_FLOAT32";
+    case v1::Tensor::DTYPE_INT32: return "DTYPE_INT32";
+    case v1::Tensor::DTYPE_UINT32: return "DTYPE_UINT32";
+    case v1::Tensor::DTYPE_BOOL: return "DTYPE_BOOL";
+    case v1::Tensor::DTYPE_UNSPECIFIED: return "DTYPE_UNSPECIFIED";
+    default: return "an unknown dtype";
+  }
+}
+
+std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// What a column must be: its dtype and shape, and how to say the shape.
+struct ColumnSpec {
+  const char* field;
+  v1::Tensor::DType dtype;
+  int64_t rows;
+  int64_t cols;  // 0: a vector [rows]
+  const char* cols_name;
+};
+
+// Checks one tensor against `c` (dtype, shape, then the byte length) and
+// copies its bytes into `out` (nullptr: check only).
+template <typename T>
+std::optional<BatchError> TakeColumn(const v1::Tensor& t, const ColumnSpec& c, std::vector<T>* out) {
+  if (t.dtype() != c.dtype) {
+    return Invalid(
+        c.field, absl::StrCat(c.field, ": dtype ", DTypeName(t.dtype()), ", expected ", DTypeName(c.dtype)));
+  }
+  const auto& shape = t.shape();
+  const bool matrix = c.cols > 0;
+  const bool shape_ok = matrix ? (shape.size() == 2 && shape[0] == c.rows && shape[1] == c.cols)
+                               : (shape.size() == 1 && shape[0] == c.rows);
+  if (!shape_ok) {
+    return Invalid(c.field, matrix
+                                ? absl::StrCat(c.field, ": shape ", ShapeString(shape), ", expected [count, ",
+                                               c.cols_name, "] = [", c.rows, ", ", c.cols, "]")
+                                : absl::StrCat(c.field, ": shape ", ShapeString(shape),
+                                               ", expected [count] = [", c.rows, "]"));
+  }
+  const int64_t elements = c.rows * (matrix ? c.cols : 1);
+  const int64_t expected = elements * static_cast<int64_t>(sizeof(T));
+  if (static_cast<int64_t>(t.data().size()) != expected) {
+    return Invalid(
+        c.field, absl::StrCat(c.field, ": data holds ", t.data().size(), " bytes, shape ", ShapeString(shape),
+                              " of ", DTypeName(c.dtype), " needs ", expected,
+                              t.data().size() < static_cast<size_t>(expected) ? " (truncated)" : ""));
+  }
+  if (out != nullptr) {
+    out->resize(static_cast<size_t>(elements));
+    if (elements > 0) std::memcpy(out->data(), t.data().data(), static_cast<size_t>(expected));
+  }
+  return std::nullopt;
+}
+
+// A required column must be set; an optional one (may_be_unset) may be
+// left unset, and then `out` is emptied.
+template <typename T>
+std::optional<BatchError> Column(bool present, const v1::Tensor& t, const ColumnSpec& c, bool may_be_unset,
+                                 std::vector<T>* out) {
+  if (!present) {
+    if (may_be_unset) {
+      out->clear();
+      return std::nullopt;
+    }
+    return Invalid(c.field, absl::StrCat(c.field, ": missing; a ", DTypeName(c.dtype), " tensor ",
+                                         c.cols > 0 ? absl::StrCat("[count, ", c.cols_name, "]") : "[count]",
+                                         " is required"));
+  }
+  return TakeColumn(t, c, out);
+}
+
+std::optional<BatchError> CheckFlags(const char* field, const std::vector<uint8_t>& flags) {
+  uint8_t bad = 0;
+  for (uint8_t f : flags) bad |= static_cast<uint8_t>(f > 1);
+  if (bad == 0) return std::nullopt;
+  for (size_t i = 0; i < flags.size(); ++i) {
+    if (flags[i] > 1) {
+      return Invalid(field, absl::StrCat(field, "[", i, "]: byte ", flags[i], " is not a bool (0 or 1)"));
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<BatchError> ValidateBatch(const v1::TransitionBatch& batch, const NetworkSpec& spec,
-                                        const v1::ServerConfig& server) {
+                                        const v1::ServerConfig& server, IncomingBatch* out) {
   const auto kind = batch.kind();
   if (kind == v1::TransitionBatch::KIND_UNSPECIFIED) {
     return Invalid("kind", "kind: unspecified; every batch names its kind (KIND_NSTEP or KIND_STEP)");
@@ -197,46 +296,68 @@ std::optional<BatchError> ValidateBatch(const v1::TransitionBatch& batch, const 
                       absl::StrCat("count: ", n, " exceeds server.max_batch_transitions = ",
                                    server.max_batch_transitions())};
   }
-  const int64_t obs_len = n * spec.obs_dim;
-  const std::string obs_how = absl::StrCat("count x obs_dim = ", n, " x ", spec.obs_dim);
-  if (auto e = CheckLength("obs", batch.obs_size(), obs_len, obs_how)) return e;
-  if (auto e = CheckLength("next_obs", batch.next_obs_size(), obs_len, obs_how)) return e;
+  if (batch.policy_version() < 0) {
+    return Invalid("policy_version",
+                   absl::StrCat("policy_version: ", batch.policy_version(), " is negative"));
+  }
+  // Checked into a scratch batch when the caller wants no columns.
+  IncomingBatch scratch;
+  IncomingBatch& in = out != nullptr ? *out : scratch;
+  TransitionColumns& c = in.columns;
+  c.n = n;
+  c.obs_dim = spec.obs_dim;
+  c.num_branches = spec.num_branches();
+  const int64_t dim = spec.obs_dim;
   const int branches = spec.num_branches();
-  if (auto e = CheckLength("actions", batch.actions_size(), n * branches,
-                           absl::StrCat("count x branches = ", n, " x ", branches))) {
+  using T = v1::Tensor;
+  if (auto e =
+          Column(batch.has_obs(), batch.obs(), {"obs", T::DTYPE_FLOAT32, n, dim, "obs_dim"}, false, &c.obs)) {
     return e;
   }
-  if (auto e = CheckLength("rewards", batch.rewards_size(), n, "count")) return e;
+  if (auto e = Column(batch.has_next_obs(), batch.next_obs(),
+                      {"next_obs", T::DTYPE_FLOAT32, n, dim, "obs_dim"}, false, &c.next_obs)) {
+    return e;
+  }
+  if (auto e = Column(batch.has_actions(), batch.actions(),
+                      {"actions", T::DTYPE_INT32, n, branches, "branches"}, false, &c.actions)) {
+    return e;
+  }
+  if (auto e = Column(batch.has_rewards(), batch.rewards(), {"rewards", T::DTYPE_FLOAT32, n, 0, ""}, false,
+                      &c.rewards)) {
+    return e;
+  }
   if (step) {
-    if (batch.discounts_size() != 0) {
-      return Invalid("discounts", "discounts: must be empty for KIND_STEP (the daemon computes them)");
+    if (batch.has_discounts()) {
+      return Invalid("discounts", "discounts: must be unset for KIND_STEP (the daemon computes them)");
     }
-    if (auto e = CheckLength("done", batch.done_size(), n, "count")) return e;
-    if (batch.truncated_size() != 0) {
-      if (auto e = CheckLength("truncated", batch.truncated_size(), n, "count or 0")) return e;
+    c.discounts.clear();
+    if (auto e = Column(batch.has_done(), batch.done(), {"done", T::DTYPE_BOOL, n, 0, ""}, false, &in.done))
+      return e;
+    if (auto e = Column(batch.has_truncated(), batch.truncated(), {"truncated", T::DTYPE_BOOL, n, 0, ""},
+                        true, &in.truncated)) {
+      return e;
     }
-    if (batch.env_ids_size() != 0) {
-      if (auto e = CheckLength("env_ids", batch.env_ids_size(), n, "count or 0")) return e;
-    }
-    if (batch.truncated_size() != 0) {
-      for (int64_t i = 0; i < n; ++i) {
-        if (batch.done(i) && batch.truncated(i)) {
-          return Invalid("done", absl::StrCat("done[", i, "] and truncated[", i,
-                                              "] are both true (an episode ends either terminal or cut)"));
-        }
-      }
+    if (auto e = Column(batch.has_env_ids(), batch.env_ids(), {"env_ids", T::DTYPE_UINT32, n, 0, ""}, true,
+                        &in.env_ids)) {
+      return e;
     }
   } else {
-    if (auto e = CheckLength("discounts", batch.discounts_size(), n, "count")) return e;
-    if (batch.done_size() != 0) return Invalid("done", "done: only allowed with KIND_STEP");
-    if (batch.truncated_size() != 0) return Invalid("truncated", "truncated: only allowed with KIND_STEP");
-    if (batch.env_ids_size() != 0) return Invalid("env_ids", "env_ids: only allowed with KIND_STEP");
+    if (auto e = Column(batch.has_discounts(), batch.discounts(), {"discounts", T::DTYPE_FLOAT32, n, 0, ""},
+                        false, &c.discounts)) {
+      return e;
+    }
+    if (batch.has_done()) return Invalid("done", "done: only allowed with KIND_STEP");
+    if (batch.has_truncated()) return Invalid("truncated", "truncated: only allowed with KIND_STEP");
+    if (batch.has_env_ids()) return Invalid("env_ids", "env_ids: only allowed with KIND_STEP");
+    in.done.clear();
+    in.truncated.clear();
+    in.env_ids.clear();
   }
 
-  if (auto e = CheckFinite("obs", batch.obs().data(), obs_len)) return e;
-  if (auto e = CheckFinite("next_obs", batch.next_obs().data(), obs_len)) return e;
-  if (auto e = CheckFinite("rewards", batch.rewards().data(), n)) return e;
-  const int32_t* actions = batch.actions().data();
+  if (auto e = CheckFinite("obs", c.obs.data(), n * dim)) return e;
+  if (auto e = CheckFinite("next_obs", c.next_obs.data(), n * dim)) return e;
+  if (auto e = CheckFinite("rewards", c.rewards.data(), n)) return e;
+  const int32_t* actions = c.actions.data();
   for (int64_t i = 0; i < n; ++i) {
     for (int b = 0; b < branches; ++b) {
       const int32_t a = actions[i * branches + b];
@@ -246,17 +367,27 @@ std::optional<BatchError> ValidateBatch(const v1::TransitionBatch& batch, const 
       }
     }
   }
-  if (!step) {
-    const float* d = batch.discounts().data();
+  if (step) {
+    if (auto e = CheckFlags("done", in.done)) return e;
+    if (auto e = CheckFlags("truncated", in.truncated)) return e;
+    for (size_t i = 0; i < in.truncated.size(); ++i) {
+      if (in.done[i] != 0 && in.truncated[i] != 0) {
+        return Invalid("done", absl::StrCat("done[", i, "] and truncated[", i,
+                                            "] are both true (an episode ends either terminal or cut)"));
+      }
+    }
+  } else {
+    const float* d = c.discounts.data();
     for (int64_t i = 0; i < n; ++i) {
       if (!std::isfinite(d[i]) || d[i] < 0.0f || d[i] > 1.0f) {
         return Invalid("discounts", absl::StrCat("discounts[", i, "]: ", d[i], " not in [0, 1]"));
       }
     }
   }
-  if (batch.policy_version() < 0) {
-    return Invalid("policy_version", absl::StrCat("policy_version: ", batch.policy_version(), " is negative"));
-  }
+  in.sequence = batch.sequence();
+  in.kind = kind;
+  in.policy_version = batch.policy_version();
+  in.stream_id = batch.stream_id();
   return std::nullopt;
 }
 

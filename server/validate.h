@@ -15,6 +15,7 @@
 #include "qstream/v1/config.pb.h"
 #include "qstream/v1/experience.pb.h"
 #include "trainer/network_spec.h"
+#include "trainer/transitions.h"
 
 namespace qstream {
 
@@ -59,17 +60,41 @@ DecodedBatch DecodeBatch(grpc::ByteBuffer* bytes, const v1::ServerConfig& server
 // Index of the first non-finite value of x[0, n), or -1.
 int64_t FirstNonFinite(const float* x, int64_t n);
 
+// A validated batch as the ingest session takes it: the wire tensors copied
+// into typed columns, one memcpy per column.
+struct IncomingBatch {
+  uint64_t sequence = 0;
+  v1::TransitionBatch::Kind kind = v1::TransitionBatch::KIND_UNSPECIFIED;
+  int64_t policy_version = 0;
+  std::string stream_id;
+  // obs, next_obs, actions, rewards; discounts for KIND_NSTEP only.
+  TransitionColumns columns;
+  // KIND_STEP only, one byte (0/1) per transition; truncated and env_ids are
+  // empty when the batch left them unset (all false / all env 0).
+  std::vector<uint8_t> done;
+  std::vector<uint8_t> truncated;
+  std::vector<uint32_t> env_ids;
+
+  int64_t count() const { return columns.n; }
+  // Heap bytes it holds (what server.max_queued_bytes counts for it).
+  int64_t bytes() const;
+};
+
 // Checks, in order: kind (KIND_NSTEP or KIND_STEP; KIND_UNSPECIFIED is an
 // error), stream_id (at most server.max_stream_id_bytes of [A-Za-z0-9._:@/-]),
-// count (> 0, <= server.max_batch_transitions), column lengths (obs, next_obs
-// = count x obs_dim; actions = count x branches; rewards = count; KIND_NSTEP:
-// discounts = count, no per-step columns; KIND_STEP: done = count, truncated
-// and env_ids empty or count, no discounts, never done[i] and truncated[i]
-// both true), then values (obs, next_obs, rewards finite; actions in range of
-// their branch; discounts finite and in [0, 1]), policy_version >= 0. (The
-// number of env_ids per session is the ingest session's to check.)
-// Returns nullopt when the batch is valid.
+// count (> 0, <= server.max_batch_transitions), policy_version >= 0, then
+// every column's tensor:
+// present when required, absent when the kind forbids it, its dtype, its
+// shape (obs, next_obs: [count, obs_dim]; actions: [count, branches];
+// rewards, discounts, done, truncated, env_ids: [count]) and its byte length
+// (product of the shape x the dtype's size); then values (obs, next_obs,
+// rewards finite; actions in range of their branch; discounts finite and in
+// [0, 1]; flags 0 or 1; never done[i] and truncated[i] both true). (The
+// number of env_ids per session is the ingest
+// session's to check.) Returns nullopt when the batch is valid; then `out`
+// (when given) holds its columns. Errors name the field: "obs: shape [3],
+// expected [count, obs_dim] = [3, 48]".
 std::optional<BatchError> ValidateBatch(const v1::TransitionBatch& batch, const NetworkSpec& spec,
-                                        const v1::ServerConfig& server);
+                                        const v1::ServerConfig& server, IncomingBatch* out = nullptr);
 
 }  // namespace qstream

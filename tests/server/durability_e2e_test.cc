@@ -22,6 +22,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "proto/tensor.h"
 #include "qstream/v1/admin.grpc.pb.h"
 #include "qstream/v1/experience.grpc.pb.h"
 #include "qstream/v1/policy.grpc.pb.h"
@@ -37,16 +38,19 @@ constexpr int kObsDim = 4;
 std::string ConfigText(int64_t every_steps, int obs_dim = kObsDim, int64_t capacity = 200000) {
   return absl::StrCat("network { obs_dim: ", obs_dim, R"( trunk_hidden: 16 head_hidden: 16 num_atoms: 11
           branch_actions: 3 }
-replay { capacity: )", capacity, R"( batch_size: 16 }
+replay { capacity: )",
+                      capacity, R"( batch_size: 16 }
 rate_limiter { min_size_to_sample: 32 samples_per_insert: 0 }
 server { publish_every: 10 stats_every: 1 max_batch_transitions: 4096 }
-checkpoint { every_steps: )", every_steps, R"( every_seconds: 0 keep: 3 }
+checkpoint { every_steps: )",
+                      every_steps, R"( every_seconds: 0 keep: 3 }
 )");
 }
 
 class CheckpointRoot {
  public:
-  CheckpointRoot() : path_(fs::temp_directory_path() / absl::StrCat("qstream-durability-", getpid(), "-", n_++)) {
+  CheckpointRoot()
+      : path_(fs::temp_directory_path() / absl::StrCat("qstream-durability-", getpid(), "-", n_++)) {
     fs::remove_all(path_);
   }
   ~CheckpointRoot() { fs::remove_all(path_); }
@@ -108,15 +112,21 @@ v1::TransitionBatch Batch(uint64_t sequence, int count, int obs_dim = kObsDim) {
   b.set_sequence(sequence);
   b.set_stream_id("actor-durable");
   b.set_count(count);
+  std::vector<float> obs, next_obs, rewards;
+  std::vector<int32_t> actions;
   for (int i = 0; i < count * obs_dim; ++i) {
-    b.add_obs(g(rng));
-    b.add_next_obs(g(rng));
+    obs.push_back(g(rng));
+    next_obs.push_back(g(rng));
   }
   for (int i = 0; i < count; ++i) {
-    b.add_actions(static_cast<int>(rng() % 3));
-    b.add_rewards(0.001f * static_cast<float>(sequence) + 1e-6f * static_cast<float>(i));
-    b.add_discounts(0.9f);
+    actions.push_back(static_cast<int32_t>(rng() % 3));
+    rewards.push_back(0.001f * static_cast<float>(sequence) + 1e-6f * static_cast<float>(i));
   }
+  wire::SetTensor(b.mutable_obs(), obs, {count, obs_dim});
+  wire::SetTensor(b.mutable_next_obs(), next_obs, {count, obs_dim});
+  wire::SetTensor(b.mutable_actions(), actions, {count, 1});
+  wire::SetTensor(b.mutable_rewards(), rewards, {count});
+  wire::SetTensor(b.mutable_discounts(), std::vector<float>(count, 0.9f), {count});
   return b;
 }
 
@@ -224,10 +234,10 @@ TEST(DurabilityE2E, KillNineDuringCheckpointWriteKeepsThePreviousOne) {
   // the ~125 MB checkpoint is read and loaded, then SERVING.
   const int port = testing::FreePort();
   const std::string address = absl::StrCat("127.0.0.1:", port);
-  auto e = testing::ChildProcess::Spawn(
-      {testing::BuildDir() + "/qstreamd", "--listen=" + address, "--metrics_listen=", "--backend=cpu",
-       "--config=" + testing::WriteTempFile("durable-big.txt", config), "--checkpoint_dir=" + root.path(),
-       "--restore=latest"});
+  auto e = testing::ChildProcess::Spawn({testing::BuildDir() + "/qstreamd", "--listen=" + address,
+                                         "--metrics_listen=", "--backend=cpu",
+                                         "--config=" + testing::WriteTempFile("durable-big.txt", config),
+                                         "--checkpoint_dir=" + root.path(), "--restore=latest"});
   // Reconnect at once while the port is not bound yet (the default backoff
   // would sleep through the restore).
   grpc::ChannelArguments fast;
@@ -245,7 +255,8 @@ TEST(DurabilityE2E, KillNineDuringCheckpointWriteKeepsThePreviousOne) {
   ASSERT_TRUE(e->WaitForLine("listening grpc=", absl::Seconds(30)).has_value());
   EXPECT_NE(e->output().find("/good: learner step"), std::string::npos) << e->output();
   grpc::ChannelArguments args;
-  const v1::StatusResponse s = GetStatus(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  const v1::StatusResponse s =
+      GetStatus(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   EXPECT_EQ(s.replay_size(), 60 * 1024);
   EXPECT_GE(s.learner_steps(), good.learner_steps());
 }
@@ -282,8 +293,11 @@ TEST(DurabilityE2E, TruncatedCheckpointIsRefusedAndTheOlderOneRestores) {
   EXPECT_EQ(s.replay_size(), 10 * 16);
 
   // Naming the bad one directly fails the start, naming the file.
-  std::vector<std::string> argv = {testing::BuildDir() + "/qstreamd", "--listen=127.0.0.1:0", "--metrics_listen=",
-                                   "--backend=cpu", "--config=" + testing::WriteTempFile("durable2.txt", config),
+  std::vector<std::string> argv = {testing::BuildDir() + "/qstreamd",
+                                   "--listen=127.0.0.1:0",
+                                   "--metrics_listen=",
+                                   "--backend=cpu",
+                                   "--config=" + testing::WriteTempFile("durable2.txt", config),
                                    "--restore=" + root.path() + "/" + newer.name()};
   auto bad = testing::ChildProcess::Spawn(argv);
   const auto code = bad->Wait(absl::Seconds(30));
@@ -302,9 +316,13 @@ TEST(DurabilityE2E, RestoreWithAnotherNetworkShapeIsRefused) {
   ASSERT_EQ(d.process->Wait(absl::Seconds(30)), 0);
   std::string other = ConfigText(0);
   other.replace(other.find("trunk_hidden: 16"), 16, "trunk_hidden: 24");
-  std::vector<std::string> argv = {testing::BuildDir() + "/qstreamd", "--listen=127.0.0.1:0", "--metrics_listen=",
-                                   "--backend=cpu", "--config=" + testing::WriteTempFile("other.txt", other),
-                                   "--checkpoint_dir=" + root.path(), "--restore=latest"};
+  std::vector<std::string> argv = {testing::BuildDir() + "/qstreamd",
+                                   "--listen=127.0.0.1:0",
+                                   "--metrics_listen=",
+                                   "--backend=cpu",
+                                   "--config=" + testing::WriteTempFile("other.txt", other),
+                                   "--checkpoint_dir=" + root.path(),
+                                   "--restore=latest"};
   auto p = testing::ChildProcess::Spawn(argv);
   const auto code = p->Wait(absl::Seconds(30));
   ASSERT_TRUE(code.has_value());

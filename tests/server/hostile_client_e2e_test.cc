@@ -24,6 +24,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
+#include "proto/tensor.h"
 #include "qstream/v1/admin.grpc.pb.h"
 #include "qstream/v1/experience.grpc.pb.h"
 #include "qstream/v1/policy.grpc.pb.h"
@@ -53,13 +54,15 @@ constexpr int kMaxSessions = 500;
 // Small bounds; the learner is paused by the tests (inserts go on) so that
 // no training competes with the clients for the two cores.
 std::string LimitsConfig() {
-  return absl::StrCat(R"(network { obs_dim: 4 trunk_hidden: 16 head_hidden: 16 num_atoms: 11 branch_actions: 3 }
+  return absl::StrCat(
+      R"(network { obs_dim: 4 trunk_hidden: 16 head_hidden: 16 num_atoms: 11 branch_actions: 3 }
 replay { capacity: 4096 batch_size: 16 }
 rate_limiter { min_size_to_sample: 32 samples_per_insert: 0 }
 server { publish_every: 10 stats_every: 1 max_streams: 64 stream_resume_seconds: 1 session_ttl_seconds: 3600
-         max_batch_transitions: )", kMaxBatch, " max_message_bytes: ", kMaxMessageBytes,
-                      " max_envs_per_stream: ", kMaxEnvs, " max_stream_id_bytes: ", kMaxStreamIdBytes,
-                      " max_sessions: ", kMaxSessions, R"( max_evaluate_observations: 64 }
+         max_batch_transitions: )",
+      kMaxBatch, " max_message_bytes: ", kMaxMessageBytes, " max_envs_per_stream: ", kMaxEnvs,
+      " max_stream_id_bytes: ", kMaxStreamIdBytes, " max_sessions: ", kMaxSessions,
+      R"( max_evaluate_observations: 64 }
 checkpoint { every_seconds: 0 }
 )");
 }
@@ -104,15 +107,18 @@ v1::TransitionBatch NStep(int count, uint64_t sequence, const std::string& strea
   b.set_sequence(sequence);
   b.set_stream_id(stream_id);
   b.set_count(count);
+  std::vector<float> obs, next_obs;
+  std::vector<int32_t> actions;
   for (int i = 0; i < count * kObsDim; ++i) {
-    b.add_obs(0.01f * (i % 100));
-    b.add_next_obs(-0.01f * (i % 100));
+    obs.push_back(0.01f * (i % 100));
+    next_obs.push_back(-0.01f * (i % 100));
   }
-  for (int i = 0; i < count; ++i) {
-    b.add_actions(i % 3);
-    b.add_rewards(1);
-    b.add_discounts(0.9f);
-  }
+  for (int i = 0; i < count; ++i) actions.push_back(i % 3);
+  wire::SetTensor(b.mutable_obs(), obs, {count, kObsDim});
+  wire::SetTensor(b.mutable_next_obs(), next_obs, {count, kObsDim});
+  wire::SetTensor(b.mutable_actions(), actions, {count, 1});
+  wire::SetTensor(b.mutable_rewards(), std::vector<float>(count, 1.0f), {count});
+  wire::SetTensor(b.mutable_discounts(), std::vector<float>(count, 0.9f), {count});
   return b;
 }
 
@@ -235,7 +241,9 @@ class GoodActor {
   }
   void WaitForAcks(int64_t n) {
     absl::MutexLock lock(&mu_);
-    auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return latencies_.size() >= static_cast<size_t>(n) || done_; };
+    auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return latencies_.size() >= static_cast<size_t>(n) || done_;
+    };
     mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(60));
   }
   // Latencies of the acks from index `from` on.
@@ -333,7 +341,8 @@ void DistinctStreamIds(const testing::Daemon& d, int first, int ids, int threads
         grpc::ClientContext context;
         auto stream = stub->Stream(&context);
         v1::Ack ack;
-        if (!stream->Write(NStep(1, 1, absl::StrCat("id-", i))) || !stream->Read(&ack) || ack.accepted() != 1) {
+        if (!stream->Write(NStep(1, 1, absl::StrCat("id-", i))) || !stream->Read(&ack) ||
+            ack.accepted() != 1) {
           ++failures;
         }
         stream->WritesDone();
@@ -362,7 +371,8 @@ void OversizeAttempts(const std::shared_ptr<grpc::Channel>& channel, uint64_t se
     EXPECT_EQ(ack.error().field(), "stream_id");
     EXPECT_EQ(ack.error().code(), v1::Error::TOO_LARGE);
     EXPECT_EQ(ack.error().message(),
-              absl::StrCat("stream_id: ", 4 << 20, " bytes, at most server.max_stream_id_bytes = ", kMaxStreamIdBytes));
+              absl::StrCat("stream_id: ", 4 << 20,
+                           " bytes, at most server.max_stream_id_bytes = ", kMaxStreamIdBytes));
     ++seen->stream_id;
     ASSERT_TRUE(s.Write(NStep(2, 1, "").SerializeAsString()));  // no stream_id: a private session
     ASSERT_TRUE(s.Read(&ack));
@@ -388,10 +398,10 @@ void OversizeAttempts(const std::shared_ptr<grpc::Channel>& channel, uint64_t se
     v1::TransitionBatch b = NStep(kMaxBatch, sequence, absl::StrCat("hostile-envs-", sequence));
     b.set_kind(v1::TransitionBatch::KIND_STEP);
     b.clear_discounts();
-    for (int i = 0; i < kMaxBatch; ++i) {
-      b.add_done(false);
-      b.add_env_ids(1000 + i);
-    }
+    std::vector<uint32_t> env_ids;
+    for (int i = 0; i < kMaxBatch; ++i) env_ids.push_back(1000 + i);
+    wire::SetBoolTensor(b.mutable_done(), std::vector<bool>(kMaxBatch, false));
+    wire::SetTensor(b.mutable_env_ids(), env_ids, {kMaxBatch});
     ASSERT_TRUE(SendOne(channel, b.SerializeAsString(), &ack, &st));
     EXPECT_EQ(ack.error().field(), "env_ids");
     EXPECT_EQ(ack.error().message(), absl::StrCat("env_ids[", kMaxEnvs, "]: ", 1000 + kMaxEnvs,
@@ -400,8 +410,8 @@ void OversizeAttempts(const std::shared_ptr<grpc::Channel>& channel, uint64_t se
     ++seen->env_ids;
   }
   {  // Over server.max_message_bytes: gRPC ends the stream with RESOURCE_EXHAUSTED.
-    EXPECT_FALSE(SendOne(channel, WithRawStreamId(NStep(1, sequence, ""), std::string(kMaxMessageBytes, 'm')), &ack,
-                         &st));
+    EXPECT_FALSE(SendOne(channel, WithRawStreamId(NStep(1, sequence, ""), std::string(kMaxMessageBytes, 'm')),
+                         &ack, &st));
     EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
     ++seen->message_size;
   }
@@ -418,8 +428,8 @@ TEST(HostileClientE2E, EveryLimitIsAnsweredWhileAGoodActorKeepsItsAcksAndRssStay
   ASSERT_EQ(good.error(), "");
   const absl::Duration baseline = Median(good.LatenciesSince(20));
   const absl::Duration bound = std::max(20 * baseline, absl::Milliseconds(500));
-  std::fprintf(stderr, "good actor: baseline ack latency %s, bound %s\n", absl::FormatDuration(baseline).c_str(),
-               absl::FormatDuration(bound).c_str());
+  std::fprintf(stderr, "good actor: baseline ack latency %s, bound %s\n",
+               absl::FormatDuration(baseline).c_str(), absl::FormatDuration(bound).c_str());
 
   // Warm-up: the sessions table fills to max_sessions, the replay wraps, and
   // every attack runs once, so the allocator has seen each size.
@@ -462,12 +472,13 @@ TEST(HostileClientE2E, EveryLimitIsAnsweredWhileAGoodActorKeepsItsAcksAndRssStay
   const int64_t rss_attacks_max = *std::max_element(attack_samples.begin(), attack_samples.end());
   EXPECT_GT(good.acks(), attacks_from + 10) << "the good actor's acks stopped during the oversize attempts";
 
-  std::fprintf(stderr,
-               "RSS: warm %.1f MiB, after 10,000 stream_ids %.1f MiB (%+.1f%%, %s); oversize attempts: median "
-               "%.1f MiB over the 10 warm-up rounds, %.1f MiB (%+.1f%%, max %.1f MiB) over the next 10\n",
-               rss_warm / 1048576.0, rss_ids / 1048576.0, 100.0 * (rss_ids - rss_warm) / rss_warm,
-               absl::FormatDuration(ids_time).c_str(), rss_warm_attacks / 1048576.0, rss_attacks / 1048576.0,
-               100.0 * (rss_attacks - rss_warm_attacks) / rss_warm_attacks, rss_attacks_max / 1048576.0);
+  std::fprintf(
+      stderr,
+      "RSS: warm %.1f MiB, after 10,000 stream_ids %.1f MiB (%+.1f%%, %s); oversize attempts: median "
+      "%.1f MiB over the 10 warm-up rounds, %.1f MiB (%+.1f%%, max %.1f MiB) over the next 10\n",
+      rss_warm / 1048576.0, rss_ids / 1048576.0, 100.0 * (rss_ids - rss_warm) / rss_warm,
+      absl::FormatDuration(ids_time).c_str(), rss_warm_attacks / 1048576.0, rss_attacks / 1048576.0,
+      100.0 * (rss_attacks - rss_warm_attacks) / rss_warm_attacks, rss_attacks_max / 1048576.0);
 #if defined(__SANITIZE_ADDRESS__) || QSTREAM_HAS_ASAN
   // ASan's allocator keeps freed blocks in its quarantine and never hands
   // them back, so the daemon's RSS says nothing about what it holds; the
@@ -512,7 +523,8 @@ TEST(HostileClientE2E, EveryLimitIsAnsweredWhileAGoodActorKeepsItsAcksAndRssStay
   EXPECT_EQ(good.error(), "");
 
   // Every rejection is on /metrics under its field.
-  EXPECT_GE(RejectedMetric(d.metrics_port, "stream_id", seen.stream_id + seen.utf8), seen.stream_id + seen.utf8);
+  EXPECT_GE(RejectedMetric(d.metrics_port, "stream_id", seen.stream_id + seen.utf8),
+            seen.stream_id + seen.utf8);
   EXPECT_GE(RejectedMetric(d.metrics_port, "count", seen.count), seen.count);
   EXPECT_GE(RejectedMetric(d.metrics_port, "env_ids", seen.env_ids), seen.env_ids);
 
@@ -525,7 +537,8 @@ TEST(HostileClientE2E, EveryLimitIsAnsweredWhileAGoodActorKeepsItsAcksAndRssStay
 // stream with RESOURCE_EXHAUSTED; a cancelled stream gives its max_streams
 // slot back at once and its batch still goes into the replay.
 TEST(HostileClientE2E, CancelledStreamFreesItsSlotAtOnceAndAFullQueueIsResourceExhausted) {
-  auto d = StartOrDie(R"(network { obs_dim: 4 trunk_hidden: 16 head_hidden: 16 num_atoms: 11 branch_actions: 3 }
+  auto d =
+      StartOrDie(R"(network { obs_dim: 4 trunk_hidden: 16 head_hidden: 16 num_atoms: 11 branch_actions: 3 }
 replay { capacity: 8192 batch_size: 16 }
 rate_limiter { min_size_to_sample: 32 samples_per_insert: 1 error_buffer: 100 }
 server { max_streams: 2 max_batch_transitions: 1000 max_queued_bytes: 65536 }
@@ -596,7 +609,8 @@ checkpoint { every_seconds: 0 }
   // The learner runs again: both held batches go in (their streams are gone).
   Admin(channel, /*pause=*/false);
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (GetStatus(channel).replay_size() < 2200 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  while (GetStatus(channel).replay_size() < 2200 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(20));
   EXPECT_EQ(GetStatus(channel).replay_size(), 2200);
   // Committed with their insert: a reconnect's resend is a duplicate.
   ASSERT_TRUE(SendOne(channel, NStep(1000, 1, "victim").SerializeAsString(), &ack, &st));

@@ -139,19 +139,29 @@ struct Rig {
   std::unique_ptr<IngestSessions> sessions;
 };
 
+// A validated batch of `kind` and `n` rows (what ValidateBatch hands on).
+IncomingBatch Incoming(v1::TransitionBatch::Kind kind, uint64_t sequence, const std::string& stream_id,
+                       size_t n) {
+  IncomingBatch b;
+  b.kind = kind;
+  b.sequence = sequence;
+  b.stream_id = stream_id;
+  b.columns.n = static_cast<int64_t>(n);
+  b.columns.obs_dim = 1;
+  b.columns.num_branches = 1;
+  b.columns.Reserve(static_cast<int64_t>(n));
+  return b;
+}
+
 // KIND_NSTEP batch whose rows have obs = reward = tag.
-v1::TransitionBatch NStep(uint64_t sequence, const std::string& stream_id, const std::vector<float>& tags) {
-  v1::TransitionBatch b;
-  b.set_kind(v1::TransitionBatch::KIND_NSTEP);
-  b.set_sequence(sequence);
-  b.set_stream_id(stream_id);
-  b.set_count(tags.size());
+IncomingBatch NStep(uint64_t sequence, const std::string& stream_id, const std::vector<float>& tags) {
+  IncomingBatch b = Incoming(v1::TransitionBatch::KIND_NSTEP, sequence, stream_id, tags.size());
   for (float t : tags) {
-    b.add_obs(t);
-    b.add_next_obs(t + 0.5f);
-    b.add_actions(0);
-    b.add_rewards(t);
-    b.add_discounts(0.5f);
+    b.columns.obs.push_back(t);
+    b.columns.next_obs.push_back(t + 0.5f);
+    b.columns.actions.push_back(0);
+    b.columns.rewards.push_back(t);
+    b.columns.discounts.push_back(0.5f);
   }
   return b;
 }
@@ -163,19 +173,15 @@ struct StepIn {
   bool done = false;
 };
 
-v1::TransitionBatch Step(uint64_t sequence, const std::string& stream_id, const std::vector<StepIn>& steps) {
-  v1::TransitionBatch b;
-  b.set_kind(v1::TransitionBatch::KIND_STEP);
-  b.set_sequence(sequence);
-  b.set_stream_id(stream_id);
-  b.set_count(steps.size());
+IncomingBatch Step(uint64_t sequence, const std::string& stream_id, const std::vector<StepIn>& steps) {
+  IncomingBatch b = Incoming(v1::TransitionBatch::KIND_STEP, sequence, stream_id, steps.size());
   for (const StepIn& s : steps) {
-    b.add_obs(s.obs);
-    b.add_next_obs(s.obs + 1);
-    b.add_actions(0);
-    b.add_rewards(s.reward);
-    b.add_done(s.done);
-    b.add_env_ids(s.env);
+    b.columns.obs.push_back(s.obs);
+    b.columns.next_obs.push_back(s.obs + 1);
+    b.columns.actions.push_back(0);
+    b.columns.rewards.push_back(s.reward);
+    b.done.push_back(s.done ? 1 : 0);
+    b.env_ids.push_back(s.env);
   }
   return b;
 }
@@ -183,7 +189,7 @@ v1::TransitionBatch Step(uint64_t sequence, const std::string& stream_id, const 
 // Submits and waits for the outcome (the learner must be started, or the
 // outcome must come inline).
 IngestOutcome SubmitAndWait(IngestSessions* sessions, const std::shared_ptr<IngestSession>& s,
-                            const v1::TransitionBatch& b) {
+                            const IncomingBatch& b) {
   absl::Notification n;
   IngestOutcome out;
   sessions->Submit(s, b, [&](IngestOutcome o) {
@@ -298,8 +304,8 @@ TEST(IngestSessionsTest, AFailedInsertCommitsNothingAndAResendInserts) {
     EXPECT_FALSE(SubmitAndWait(rig.sessions.get(), s, NStep(3, "actor-3", {9})).status.ok());
     rig.sessions->Save(&saved);
     ASSERT_EQ(saved.sessions_size(), 1);
-    EXPECT_EQ(saved.sessions(0).last_sequence(), 1u);                // 2 and 3 not committed
-    EXPECT_EQ(saved.sessions(0).windows(0).rewards_size(), 2);       // the window before batch 2
+    EXPECT_EQ(saved.sessions(0).last_sequence(), 1u);           // 2 and 3 not committed
+    EXPECT_EQ(saved.sessions(0).windows(0).rewards_size(), 2);  // the window before batch 2
     EXPECT_EQ(rig.sessions->pending_transitions(), 2);
   }
   Rig rig;
@@ -320,7 +326,8 @@ TEST(IngestSessionsTest, HalfCloseFlushesShorterHorizonReturns) {
   Rig rig;
   rig.learner->Start();
   auto s = rig.sessions->Attach("actor-4", [] {});
-  IngestOutcome o = SubmitAndWait(rig.sessions.get(), s, Step(1, "actor-4", {{0, 0, 1}, {0, 1, 2}, {1, 10, 8}}));
+  IngestOutcome o =
+      SubmitAndWait(rig.sessions.get(), s, Step(1, "actor-4", {{0, 0, 1}, {0, 1, 2}, {1, 10, 8}}));
   EXPECT_EQ(o.accepted, 0);
   EXPECT_EQ(rig.sessions->pending_transitions(), 3);
   IngestOutcome flushed = DetachAndWait(rig.sessions.get(), s, /*clean=*/true);
@@ -401,7 +408,7 @@ TEST(IngestSessionsTest, BeyondMaxSessionsTheLongestDetachedIsFlushedAndForgotte
 TEST(IngestSessionsTest, QueuedBytesFullRefusesWithResourceExhaustedUntilTheReplayTakesTheBatch) {
   v1::TrainerConfig config = Config();
   config.mutable_server()->set_max_queued_bytes(1);  // one batch may overshoot it by itself
-  Rig rig(config);  // not started: the first batch waits for the learner
+  Rig rig(config);                                   // not started: the first batch waits for the learner
   auto a = rig.sessions->Attach("qa", [] {});
   auto b = rig.sessions->Attach("qb", [] {});
   absl::Notification a_done;
@@ -432,16 +439,19 @@ TEST(IngestSessionsTest, QueuedBytesFullRefusesWithResourceExhaustedUntilTheRepl
 
 TEST(IngestSessionsTest, WindowsCountTowardsTheQueuedBytesUntilFlushed) {
   v1::TrainerConfig config = Config();
-  const int64_t window_bytes = NStepAssembler(*NetworkSpec::Create(config.network()), 3, 0.5f, 1).window_bytes();
+  const int64_t window_bytes =
+      NStepAssembler(*NetworkSpec::Create(config.network()), 3, 0.5f, 1).window_bytes();
   config.mutable_server()->set_max_queued_bytes(4 * window_bytes);
   Rig rig(config);
   rig.learner->Start();
   auto a = rig.sessions->Attach("wa", [] {});
   // Three envs, one step each: everything waits in its window.
-  ASSERT_EQ(SubmitAndWait(rig.sessions.get(), a, Step(1, "wa", {{0, 1, 1}, {1, 2, 1}, {2, 3, 1}})).accepted, 0);
+  ASSERT_EQ(SubmitAndWait(rig.sessions.get(), a, Step(1, "wa", {{0, 1, 1}, {1, 2, 1}, {2, 3, 1}})).accepted,
+            0);
   EXPECT_EQ(rig.sessions->queued_bytes(), 3 * window_bytes);
   // An episode end closes a window; a new env opens one (still below the budget).
-  ASSERT_TRUE(SubmitAndWait(rig.sessions.get(), a, Step(2, "wa", {{0, 1, 1, true}, {3, 4, 1}, {4, 5, 1}})).status.ok());
+  ASSERT_TRUE(SubmitAndWait(rig.sessions.get(), a, Step(2, "wa", {{0, 1, 1, true}, {3, 4, 1}, {4, 5, 1}}))
+                  .status.ok());
   EXPECT_EQ(rig.sessions->queued_bytes(), 4 * window_bytes);
   auto b = rig.sessions->Attach("wb", [] {});
   const IngestOutcome refused = SubmitAndWait(rig.sessions.get(), b, NStep(1, "wb", {9}));
@@ -463,7 +473,8 @@ TEST(IngestSessionsTest, EnvIdsPerSessionAreBoundedByMaxEnvsPerStream) {
   ASSERT_TRUE(o.status.ok());
   ASSERT_TRUE(o.error.has_value());
   EXPECT_EQ(o.error->field, "env_ids");
-  EXPECT_EQ(o.error->message, "env_ids[0]: 5 opens more than server.max_envs_per_stream = 2 environments on this stream");
+  EXPECT_EQ(o.error->message,
+            "env_ids[0]: 5 opens more than server.max_envs_per_stream = 2 environments on this stream");
   // Sequence 2 was not committed: a corrected resend is new.
   EXPECT_FALSE(SubmitAndWait(rig.sessions.get(), s, Step(2, "envs", {{1, 3, 1}})).duplicate);
 }
@@ -474,7 +485,8 @@ TEST(IngestSessionsTest, SaveRestoreRoundTripAndPrivateSessionsFlushAtRestore) {
     Rig rig;
     rig.learner->Start();
     auto named = rig.sessions->Attach("actor-7", [] {});
-    ASSERT_EQ(SubmitAndWait(rig.sessions.get(), named, Step(5, "actor-7", {{2, 0, 1}, {2, 1, 2}})).accepted, 0);
+    ASSERT_EQ(SubmitAndWait(rig.sessions.get(), named, Step(5, "actor-7", {{2, 0, 1}, {2, 1, 2}})).accepted,
+              0);
     auto mine = rig.sessions->Attach("", [] {});
     ASSERT_EQ(SubmitAndWait(rig.sessions.get(), mine, Step(1, "", {{0, 50, 3}})).accepted, 0);
     rig.sessions->Save(&saved);
@@ -507,7 +519,8 @@ TEST(IngestSessionsTest, SaveRestoreRoundTripAndPrivateSessionsFlushAtRestore) {
   bad.mutable_sessions(0)->mutable_windows(0)->add_obs(1);
   absl::Status st = rig.sessions->Restore(bad);
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
-  EXPECT_NE(st.message().find(absl::StrCat("\"", bad.sessions(0).stream_id(), "\"")), std::string::npos) << st;
+  EXPECT_NE(st.message().find(absl::StrCat("\"", bad.sessions(0).stream_id(), "\"")), std::string::npos)
+      << st;
 }
 
 // Many concurrent streams over a few stream_ids with random resends,
@@ -523,7 +536,7 @@ void RunProperty(uint32_t seed) {
   struct Client {
     absl::Mutex mu;
     uint64_t next ABSL_GUARDED_BY(mu) = 0;
-    std::map<uint64_t, v1::TransitionBatch> sent ABSL_GUARDED_BY(mu);
+    std::map<uint64_t, IncomingBatch> sent ABSL_GUARDED_BY(mu);
   };
   std::map<std::string, Client> clients;
   for (const auto& id : ids) clients[id];
@@ -544,7 +557,7 @@ void RunProperty(uint32_t seed) {
     const int batches = 1 + rng() % 6;
     for (int b = 0; b < batches && !*superseded; ++b) {
       absl::Notification done;
-      v1::TransitionBatch batch;
+      IncomingBatch batch;
       {
         absl::MutexLock lock(&client.mu);
         if (client.next > 0 && rng() % 4 == 0) {  // resend an old one
@@ -571,7 +584,7 @@ void RunProperty(uint32_t seed) {
             if (o.duplicate) {
               ++duplicates;
             } else {
-              for (float t : batch.obs()) acked.insert(t);
+              for (float t : batch.columns.obs) acked.insert(t);
             }
           }
           done.Notify();
@@ -596,7 +609,8 @@ void RunProperty(uint32_t seed) {
 
   std::multiset<float> inserted;
   for (const Row& r : rig.log->Rows()) inserted.insert(r.obs);
-  for (float t : inserted) EXPECT_EQ(inserted.count(t), 1u) << "tag " << t << " inserted twice (seed " << seed << ")";
+  for (float t : inserted)
+    EXPECT_EQ(inserted.count(t), 1u) << "tag " << t << " inserted twice (seed " << seed << ")";
   EXPECT_EQ(inserted, acked) << "seed " << seed;
   EXPECT_GT(duplicates, 0);
 }
@@ -611,14 +625,14 @@ TEST(IngestSessionsPropertyTest, InsertedEqualsAcknowledgedExactlyOnce) {
 // ever sent. Each transition ends up in the replay exactly once: what the
 // checkpoint held is acknowledged as duplicate, the rest is inserted again.
 void RunRestartProperty(uint32_t seed) {
-  const std::string dir = absl::StrCat(std::filesystem::temp_directory_path().string(), "/qstream-ingest-restart-",
-                                       getpid(), "-", seed);
+  const std::string dir = absl::StrCat(std::filesystem::temp_directory_path().string(),
+                                       "/qstream-ingest-restart-", getpid(), "-", seed);
   std::filesystem::remove_all(dir);
   const std::vector<std::string> ids = {"r0", "r1", "r2", "r3"};  // named: resumable
   struct Client {
     absl::Mutex mu;
     uint64_t next ABSL_GUARDED_BY(mu) = 0;
-    std::map<uint64_t, v1::TransitionBatch> sent ABSL_GUARDED_BY(mu);
+    std::map<uint64_t, IncomingBatch> sent ABSL_GUARDED_BY(mu);
   };
   std::map<std::string, Client> clients;
   for (const auto& id : ids) clients[id];
@@ -627,7 +641,8 @@ void RunRestartProperty(uint32_t seed) {
   std::atomic<int> next_tag{1};
   {
     Rig rig;
-    rig.learner->EnableCheckpoints(dir, [&rig](v1::CheckpointManifest* m) { rig.sessions->Save(m->mutable_ingest()); });
+    rig.learner->EnableCheckpoints(
+        dir, [&rig](v1::CheckpointManifest* m) { rig.sessions->Save(m->mutable_ingest()); });
     rig.learner->Start();
     std::atomic<int> connections_done{0};
     auto connection = [&](std::mt19937& rng) {
@@ -640,7 +655,7 @@ void RunRestartProperty(uint32_t seed) {
       for (int b = 0; b < batches && !*superseded; ++b) {
         absl::Notification done;
         absl::MutexLock lock(&client.mu);
-        v1::TransitionBatch batch;
+        IncomingBatch batch;
         if (client.next > 0 && rng() % 4 == 0) {
           batch = client.sent[1 + rng() % client.next];
         } else {
@@ -697,14 +712,16 @@ void RunRestartProperty(uint32_t seed) {
     Client& client = clients[id];
     auto s = rig.sessions->Attach(id, [] {});
     absl::MutexLock lock(&client.mu);
-    for (const auto& [seq, batch] : client.sent) duplicates += SubmitAndWait(rig.sessions.get(), s, batch).duplicate;
+    for (const auto& [seq, batch] : client.sent)
+      duplicates += SubmitAndWait(rig.sessions.get(), s, batch).duplicate;
     DetachAndWait(rig.sessions.get(), s, /*clean=*/true);
   }
   rig.learner->Stop();
   std::multiset<float> inserted;
   for (int64_t i = 0; i < data->state.replay.size; ++i) inserted.insert(data->state.replay.rows.obs[i]);
   for (const Row& r : rig.log->Rows()) inserted.insert(r.obs);
-  for (float t : inserted) EXPECT_EQ(inserted.count(t), 1u) << "tag " << t << " inserted twice (seed " << seed << ")";
+  for (float t : inserted)
+    EXPECT_EQ(inserted.count(t), 1u) << "tag " << t << " inserted twice (seed " << seed << ")";
   EXPECT_EQ(std::set<float>(inserted.begin(), inserted.end()), all_tags) << "seed " << seed;
   EXPECT_EQ(inserted.size(), all_tags.size()) << "seed " << seed;
   EXPECT_GT(duplicates, 0) << "seed " << seed;
@@ -717,4 +734,3 @@ TEST(IngestSessionsPropertyTest, AfterACheckpointCrashAndFullResendEveryTransiti
 
 }  // namespace
 }  // namespace qstream
-

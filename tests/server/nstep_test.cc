@@ -28,18 +28,20 @@ struct StepIn {
   bool truncated = false;
 };
 
-v1::TransitionBatch Batch(const std::vector<StepIn>& steps) {
-  v1::TransitionBatch b;
-  b.set_kind(v1::TransitionBatch::KIND_STEP);
-  b.set_count(steps.size());
+IncomingBatch Batch(const std::vector<StepIn>& steps) {
+  IncomingBatch b;
+  b.kind = v1::TransitionBatch::KIND_STEP;
+  b.columns.n = static_cast<int64_t>(steps.size());
+  b.columns.obs_dim = 1;
+  b.columns.num_branches = 1;
   for (const StepIn& s : steps) {
-    b.add_obs(100.0f * s.env + s.t);
-    b.add_next_obs(100.0f * s.env + s.t + 1);
-    b.add_actions(s.t % 4);
-    b.add_rewards(s.reward);
-    b.add_done(s.done);
-    b.add_truncated(s.truncated);
-    b.add_env_ids(s.env);
+    b.columns.obs.push_back(100.0f * s.env + s.t);
+    b.columns.next_obs.push_back(100.0f * s.env + s.t + 1);
+    b.columns.actions.push_back(s.t % 4);
+    b.columns.rewards.push_back(s.reward);
+    b.done.push_back(s.done ? 1 : 0);
+    b.truncated.push_back(s.truncated ? 1 : 0);
+    b.env_ids.push_back(s.env);
   }
   return b;
 }
@@ -50,7 +52,7 @@ class Assembler {
  public:
   Assembler(const NetworkSpec& spec, int n_step, float gamma, int64_t max_envs)
       : a_(spec, n_step, gamma, max_envs) {}
-  std::optional<BatchError> Add(const v1::TransitionBatch& batch, TransitionColumns* out) {
+  std::optional<BatchError> Add(const IncomingBatch& batch, TransitionColumns* out) {
     NStepWindows delta;
     auto error = a_.Add(batch, windows_, &delta, out);
     if (!error) NStepAssembler::Commit(&delta, &windows_);
@@ -132,8 +134,7 @@ TEST(NStepAssemblerTest, DoneOnAFullWindow) {
 TEST(NStepAssemblerTest, TruncationBootstrapsFromLastNextObs) {
   Assembler a(Spec(), 3, 0.5f, 16);
   TransitionColumns out = EmptyColumns(Spec());
-  ASSERT_FALSE(
-      a.Add(Batch({{0, 0, 1}, {0, 1, 2, /*done=*/false, /*truncated=*/true}}), &out).has_value());
+  ASSERT_FALSE(a.Add(Batch({{0, 0, 1}, {0, 1, 2, /*done=*/false, /*truncated=*/true}}), &out).has_value());
   ASSERT_EQ(out.n, 2);
   const auto items = Items(out);
   ExpectItem(items[0], 0, 1 + 0.5f * 2, 0.25f, 2);
@@ -163,10 +164,11 @@ TEST(NStepAssemblerTest, EnvironmentsHaveSeparateWindows) {
   Assembler a(Spec(), 2, 0.5f, 16);
   TransitionColumns out = EmptyColumns(Spec());
   // Interleaved env 1 and env 2; env 2 ends after one step.
-  ASSERT_FALSE(a.Add(Batch({{1, 0, 1}, {2, 0, 10, true}, {1, 1, 2}, {2, 5, 20}, {1, 2, 4}}), &out).has_value());
+  ASSERT_FALSE(
+      a.Add(Batch({{1, 0, 1}, {2, 0, 10, true}, {1, 1, 2}, {2, 5, 20}, {1, 2, 4}}), &out).has_value());
   ASSERT_EQ(out.n, 3);
   const auto items = Items(out);
-  ExpectItem(items[0], 200, 10, 0, 201);               // env 2, terminal
+  ExpectItem(items[0], 200, 10, 0, 201);                // env 2, terminal
   ExpectItem(items[1], 100, 1 + 0.5f * 2, 0.25f, 102);  // env 1 window full at t=1
   ExpectItem(items[2], 101, 2 + 0.5f * 4, 0.25f, 103);
   EXPECT_EQ(a.pending(), 2);  // env 1 t=2, env 2 t=5
@@ -176,9 +178,9 @@ TEST(NStepAssemblerTest, EnvironmentsHaveSeparateWindows) {
 TEST(NStepAssemblerTest, MissingEnvIdsAndTruncatedMeanEnvZeroNotTruncated) {
   Assembler a(Spec(), 2, 0.5f, 16);
   TransitionColumns out = EmptyColumns(Spec());
-  v1::TransitionBatch b = Batch({{0, 0, 1}, {0, 1, 2}, {0, 2, 3}});
-  b.clear_env_ids();
-  b.clear_truncated();
+  IncomingBatch b = Batch({{0, 0, 1}, {0, 1, 2}, {0, 2, 3}});
+  b.env_ids.clear();
+  b.truncated.clear();
   ASSERT_FALSE(a.Add(b, &out).has_value());
   ASSERT_EQ(out.n, 2);
   ExpectItem(Items(out)[1], 1, 2 + 0.5f * 3, 0.25f, 3);
@@ -192,7 +194,8 @@ TEST(NStepAssemblerTest, TooManyEnvironmentsRejectsTheWholeBatch) {
   ASSERT_TRUE(error.has_value());
   EXPECT_EQ(error->field, "env_ids");
   EXPECT_EQ(error->code, v1::Error::TOO_LARGE);
-  EXPECT_EQ(error->message, "env_ids[2]: 3 opens more than server.max_envs_per_stream = 2 environments on this stream");
+  EXPECT_EQ(error->message,
+            "env_ids[2]: 3 opens more than server.max_envs_per_stream = 2 environments on this stream");
   EXPECT_EQ(out.n, 0);
   EXPECT_EQ(a.pending(), 2);  // env 1's done was not applied
   EXPECT_EQ(a.num_envs(), 2);
@@ -204,8 +207,8 @@ TEST(NStepAssemblerTest, ABatchWithoutEnvIdsCountsAsEnvZero) {
   Assembler a(Spec(), 3, 0.5f, /*max_envs=*/2);
   TransitionColumns out = EmptyColumns(Spec());
   ASSERT_FALSE(a.Add(Batch({{1, 0, 1}, {2, 0, 1}}), &out).has_value());
-  v1::TransitionBatch no_ids = Batch({{7, 0, 1}});
-  no_ids.clear_env_ids();
+  IncomingBatch no_ids = Batch({{7, 0, 1}});
+  no_ids.env_ids.clear();
   const auto error = a.Add(no_ids, &out);
   ASSERT_TRUE(error.has_value());
   EXPECT_EQ(error->field, "env_ids");
@@ -214,8 +217,8 @@ TEST(NStepAssemblerTest, ABatchWithoutEnvIdsCountsAsEnvZero) {
   EXPECT_EQ(a.num_envs(), 2);
   // With room, env 0 is one window, however many rows.
   Assembler b(Spec(), 3, 0.5f, /*max_envs=*/1);
-  v1::TransitionBatch rows = Batch({{7, 0, 1}, {7, 1, 1}, {7, 2, 1}});
-  rows.clear_env_ids();
+  IncomingBatch rows = Batch({{7, 0, 1}, {7, 1, 1}, {7, 2, 1}});
+  rows.env_ids.clear();
   ASSERT_FALSE(b.Add(rows, &out).has_value());
   EXPECT_EQ(b.num_envs(), 1);
   ASSERT_FALSE(b.Add(rows, &out).has_value());
@@ -260,18 +263,16 @@ TEST(NStepAssemblerTest, MultiBranchActionsTravelWithTheirStep) {
   net.add_branch_actions(5);
   const NetworkSpec spec = *NetworkSpec::Create(net);
   Assembler a(spec, 2, 1.0f, 4);
-  v1::TransitionBatch b;
-  b.set_kind(v1::TransitionBatch::KIND_STEP);
-  b.set_count(3);
+  IncomingBatch b;
+  b.kind = v1::TransitionBatch::KIND_STEP;
+  b.columns = EmptyColumns(spec);
+  b.columns.n = 3;
   for (int t = 0; t < 3; ++t) {
-    b.add_obs(t);
-    b.add_obs(-t);
-    b.add_next_obs(t + 1);
-    b.add_next_obs(-t - 1);
-    b.add_actions(t % 3);
-    b.add_actions(4 - t);
-    b.add_rewards(1);
-    b.add_done(false);
+    b.columns.obs.insert(b.columns.obs.end(), {static_cast<float>(t), static_cast<float>(-t)});
+    b.columns.next_obs.insert(b.columns.next_obs.end(), {t + 1.0f, -t - 1.0f});
+    b.columns.actions.insert(b.columns.actions.end(), {t % 3, 4 - t});
+    b.columns.rewards.push_back(1);
+    b.done.push_back(0);
   }
   TransitionColumns out = EmptyColumns(spec);
   ASSERT_FALSE(a.Add(b, &out).has_value());
@@ -324,7 +325,8 @@ TEST(NStepAssemblerTest, SaveLoadRoundTripContinuesTheWindows) {
   a.assembler().Save(a.windows(), &saved);
   ASSERT_EQ(saved.size(), 1);
   EXPECT_EQ(saved[0].env_id(), 2u);
-  EXPECT_EQ(std::vector<float>(saved[0].rewards().begin(), saved[0].rewards().end()), (std::vector<float>{3, 4}));
+  EXPECT_EQ(std::vector<float>(saved[0].rewards().begin(), saved[0].rewards().end()),
+            (std::vector<float>{3, 4}));
   Assembler b(Spec(), 3, 0.5f, 16);
   ASSERT_TRUE(b.assembler().Load(saved, &b.windows()).ok());
   TransitionColumns left = EmptyColumns(Spec());

@@ -18,6 +18,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
+#include "proto/tensor.h"
 #include "qstream/v1/admin.grpc.pb.h"
 #include "qstream/v1/experience.grpc.pb.h"
 #include "qstream/v1/policy.grpc.pb.h"
@@ -66,15 +67,22 @@ v1::TransitionBatch NStepBatch(int count, uint64_t sequence, std::mt19937* rng) 
   b.set_kind(v1::TransitionBatch::KIND_NSTEP);
   b.set_sequence(sequence);
   b.set_count(count);
+  std::vector<float> obs, next_obs, rewards;
+  std::vector<int32_t> actions;
   for (int i = 0; i < count * kObsDim; ++i) {
-    b.add_obs(u(*rng));
-    b.add_next_obs(u(*rng));
+    obs.push_back(u(*rng));
+    next_obs.push_back(u(*rng));
   }
   for (int i = 0; i < count; ++i) {
-    for (int n : kBranches) b.add_actions(static_cast<int>((*rng)() % n));
-    b.add_rewards(u(*rng));
-    b.add_discounts(0.729f);
+    for (int n : kBranches) actions.push_back(static_cast<int32_t>((*rng)() % n));
+    rewards.push_back(u(*rng));
   }
+  const auto branches = static_cast<int64_t>(kBranches.size());
+  wire::SetTensor(b.mutable_obs(), obs, {count, kObsDim});
+  wire::SetTensor(b.mutable_next_obs(), next_obs, {count, kObsDim});
+  wire::SetTensor(b.mutable_actions(), actions, {count, branches});
+  wire::SetTensor(b.mutable_rewards(), rewards, {count});
+  wire::SetTensor(b.mutable_discounts(), std::vector<float>(count, 0.729f), {count});
   return b;
 }
 
@@ -83,10 +91,14 @@ v1::TransitionBatch StepBatch(int count, uint64_t sequence, int envs, int64_t* t
   v1::TransitionBatch b = NStepBatch(count, sequence, rng);
   b.set_kind(v1::TransitionBatch::KIND_STEP);
   b.clear_discounts();
+  std::vector<uint32_t> env_ids;
+  std::vector<bool> done;
   for (int i = 0; i < count; ++i, ++*t) {
-    b.add_env_ids(static_cast<uint32_t>(*t % envs));
-    b.add_done((*t / envs) % 7 == 6);
+    env_ids.push_back(static_cast<uint32_t>(*t % envs));
+    done.push_back((*t / envs) % 7 == 6);
   }
+  wire::SetTensor(b.mutable_env_ids(), env_ids, {count});
+  wire::SetBoolTensor(b.mutable_done(), done);
   return b;
 }
 
@@ -158,7 +170,8 @@ std::string ReflectionListing(const std::shared_ptr<grpc::Channel>& channel) {
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   grpc::CompletionQueue cq;
-  auto call = stub.PrepareCall(&context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  auto call =
+      stub.PrepareCall(&context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
   void* tag;
   bool ok;
   call->StartCall(reinterpret_cast<void*>(1));
@@ -173,7 +186,8 @@ std::string ReflectionListing(const std::shared_ptr<grpc::Channel>& channel) {
   cq.Next(&tag, &ok);
   std::string listing;
   grpc::Slice all;
-  if (ok && in.DumpToSingleSlice(&all).ok()) listing.assign(reinterpret_cast<const char*>(all.begin()), all.size());
+  if (ok && in.DumpToSingleSlice(&all).ok())
+    listing.assign(reinterpret_cast<const char*>(all.begin()), all.size());
   call->WritesDone(reinterpret_cast<void*>(4));
   cq.Next(&tag, &ok);
   grpc::Status status;
@@ -185,13 +199,22 @@ std::string ReflectionListing(const std::shared_ptr<grpc::Channel>& channel) {
   return listing;
 }
 
-const std::vector<std::string> kDesignMetrics = {
-    "qstream_train_step_seconds",     "qstream_train_steps_total",    "qstream_transitions_ingested_total",
-    "qstream_ingest_rejected_total",  "qstream_replay_size",          "qstream_replay_capacity",
-    "qstream_q_value",                "qstream_loss",                 "qstream_grad_norm",
-    "qstream_target_clip_fraction",   "qstream_guard_trips_total",    "qstream_guard_tripped",
-    "qstream_policy_version",         "qstream_actor_streams",        "qstream_samples_per_insert",
-    "qstream_policy_lag_versions"};
+const std::vector<std::string> kDesignMetrics = {"qstream_train_step_seconds",
+                                                 "qstream_train_steps_total",
+                                                 "qstream_transitions_ingested_total",
+                                                 "qstream_ingest_rejected_total",
+                                                 "qstream_replay_size",
+                                                 "qstream_replay_capacity",
+                                                 "qstream_q_value",
+                                                 "qstream_loss",
+                                                 "qstream_grad_norm",
+                                                 "qstream_target_clip_fraction",
+                                                 "qstream_guard_trips_total",
+                                                 "qstream_guard_tripped",
+                                                 "qstream_policy_version",
+                                                 "qstream_actor_streams",
+                                                 "qstream_samples_per_insert",
+                                                 "qstream_policy_lag_versions"};
 
 TEST(QstreamdE2E, TrainsFromStreamsAndExportsEveryMetric) {
   auto d = StartOrDie({"--reflection"});
@@ -217,9 +240,10 @@ TEST(QstreamdE2E, TrainsFromStreamsAndExportsEveryMetric) {
     absl::SleepFor(absl::Milliseconds(600));
     s2 = GetStatus(channel);
     page2 = HttpGet(d.metrics_port, "/metrics");
-  } while ((s2.learner_steps() <= s1.learner_steps() ||
-            ParseMetrics(page2)["qstream_train_steps_total"] <= ParseMetrics(page1)["qstream_train_steps_total"]) &&
-           absl::Now() < deadline);
+  } while (
+      (s2.learner_steps() <= s1.learner_steps() || ParseMetrics(page2)["qstream_train_steps_total"] <=
+                                                       ParseMetrics(page1)["qstream_train_steps_total"]) &&
+      absl::Now() < deadline);
 
   EXPECT_GT(s2.learner_steps(), s1.learner_steps());
   EXPECT_GT(s2.transitions_ingested(), s1.transitions_ingested());
@@ -269,7 +293,8 @@ TEST(QstreamdE2E, TrainsFromStreamsAndExportsEveryMetric) {
   const v1::StatusResponse s3 = GetStatus(channel);
   const int64_t flushed = s3.replay_size() - nstep.accepted() - step.accepted();
   std::vector<int64_t> open(5, 0);
-  for (int64_t t = 0; t < step.acks() * 64; ++t) open[t % 5] = (t / 5) % 7 == 6 ? 0 : std::min<int64_t>(open[t % 5] + 1, 2);
+  for (int64_t t = 0; t < step.acks() * 64; ++t)
+    open[t % 5] = (t / 5) % 7 == 6 ? 0 : std::min<int64_t>(open[t % 5] + 1, 2);
   int64_t expected_flush = 0;
   for (int64_t o : open) expected_flush += o;
   EXPECT_EQ(flushed, expected_flush);
@@ -377,21 +402,25 @@ TEST(QstreamdE2E, BadInputsGetErrorsWhileAGoodStreamKeepsGoing) {
   };
 
   v1::TransitionBatch obs = NStepBatch(16, 1, &rng);
-  obs.mutable_obs()->RemoveLast();
-  expect_error(obs, "obs", "obs: 63 values, expected count x obs_dim = 16 x 4 = 64");
+  obs.mutable_obs()->mutable_data()->resize(63 * 4);
+  expect_error(obs, "obs", "obs: data holds 252 bytes, shape [16, 4] of DTYPE_FLOAT32 needs 256 (truncated)");
 
   v1::TransitionBatch nan = NStepBatch(16, 1, &rng);
-  nan.set_rewards(5, std::numeric_limits<float>::quiet_NaN());
+  wire::SetElement(nan.mutable_rewards(), 5, std::numeric_limits<float>::quiet_NaN());
   expect_error(nan, "rewards", "rewards[5]: nan is not finite");
 
   v1::TransitionBatch action = NStepBatch(16, 1, &rng);
-  action.set_actions(13, 2);  // row 6, branch 1 has 2 actions
+  wire::SetElement(action.mutable_actions(), 13, int32_t{2});  // row 6, branch 1 has 2 actions
   expect_error(action, "actions", "actions[13]: 2 out of range [0, 2) for branch 1");
 
   v1::TransitionBatch branches = NStepBatch(16, 1, &rng);
-  branches.clear_actions();
-  for (int i = 0; i < 16 * 3; ++i) branches.add_actions(0);  // three branches instead of two
-  expect_error(branches, "actions", "actions: 48 values, expected count x branches = 16 x 2 = 32");
+  // Three branches instead of two.
+  wire::SetTensor(branches.mutable_actions(), std::vector<int32_t>(16 * 3, 0), {16, 3});
+  expect_error(branches, "actions", "actions: shape [16, 3], expected [count, branches] = [16, 2]");
+
+  v1::TransitionBatch dtype = NStepBatch(16, 1, &rng);
+  dtype.mutable_obs()->set_dtype(v1::Tensor::DTYPE_INT32);
+  expect_error(dtype, "obs", "obs: dtype DTYPE_INT32, expected DTYPE_FLOAT32");
 
   // Over server.max_message_bytes: gRPC itself refuses the message.
   {
@@ -413,13 +442,13 @@ TEST(QstreamdE2E, BadInputsGetErrorsWhileAGoodStreamKeepsGoing) {
   EXPECT_TRUE(good.status().ok()) << good.status().error_message();
   EXPECT_EQ(good.errors(), 0);
   const v1::StatusResponse s = GetStatus(channel);
-  EXPECT_EQ(s.batches_rejected(), 4);
+  EXPECT_EQ(s.batches_rejected(), 5);
   EXPECT_EQ(s.replay_size(), good.accepted() + extra_accepted);
   EXPECT_EQ(s.transitions_ingested(), good.accepted() + extra_accepted);
 
   absl::SleepFor(absl::Milliseconds(700));  // one metrics poll
   const auto m = ParseMetrics(HttpGet(d.metrics_port, "/metrics"));
-  EXPECT_EQ(m.at("qstream_ingest_rejected_total{reason=\"obs\"}"), 1);
+  EXPECT_EQ(m.at("qstream_ingest_rejected_total{reason=\"obs\"}"), 2);
   EXPECT_EQ(m.at("qstream_ingest_rejected_total{reason=\"rewards\"}"), 1);
   EXPECT_EQ(m.at("qstream_ingest_rejected_total{reason=\"actions\"}"), 2);
 }
@@ -544,8 +573,8 @@ TEST(QstreamdE2E, GarbageMessageEndsOnlyItsStream) {
   call->Finish(&status, reinterpret_cast<void*>(3));
   ASSERT_TRUE(cq.Next(&tag, &ok));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
-  EXPECT_THAT(status.error_message(),
-              HasSubstr(absl::StrCat("TransitionBatch: message does not parse (", garbage.size(), " bytes)")));
+  EXPECT_THAT(status.error_message(), HasSubstr(absl::StrCat("TransitionBatch: message does not parse (",
+                                                             garbage.size(), " bytes)")));
   const int64_t before = good.acks();
   good.WaitForAcks(before + 3);
   EXPECT_GE(good.acks(), before + 3);
@@ -568,8 +597,10 @@ TEST(QstreamdE2E, MissingKindAndDoneWithTruncatedAreErrorAcks) {
   EXPECT_EQ(ack.error().field(), "kind");
   int64_t t = 0;
   v1::TransitionBatch both = StepBatch(8, 1, 2, &t, &rng);
-  for (int i = 0; i < 8; ++i) both.add_truncated(i == 3);
-  both.set_done(3, true);
+  std::vector<bool> truncated(8, false);
+  truncated[3] = true;
+  wire::SetBoolTensor(both.mutable_truncated(), truncated);
+  wire::SetElement(both.mutable_done(), 3, uint8_t{1});
   ack = SendOne(stub.get(), both);
   ASSERT_TRUE(ack.has_error());
   EXPECT_EQ(ack.error().field(), "done");
@@ -703,8 +734,8 @@ TEST(QstreamdE2E, PushesToPushgateway) {
   while (HttpGet(port, "/metrics").empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(100));
   ASSERT_FALSE(HttpGet(port, "/metrics").empty()) << gateway->output();
 
-  auto d = StartOrDie({absl::StrCat("--pushgateway=127.0.0.1:", port), "--push_interval=200ms",
-                       "--instance=e2e-instance"});
+  auto d = StartOrDie(
+      {absl::StrCat("--pushgateway=127.0.0.1:", port), "--push_interval=200ms", "--instance=e2e-instance"});
   Streamer s(Channel(d), false);
   std::string page;
   deadline = absl::Now() + absl::Seconds(30);

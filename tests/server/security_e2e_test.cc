@@ -24,6 +24,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "proto/tensor.h"
 #include "qstream/v1/admin.grpc.pb.h"
 #include "qstream/v1/experience.grpc.pb.h"
 #include "qstream/v1/policy.grpc.pb.h"
@@ -76,11 +77,11 @@ std::string MakeCerts() {
 }
 
 std::string TokenFile(const std::string& extra = "") {
-  const std::string hashed = absl::BytesToHexString(absl::string_view(
-      reinterpret_cast<const char*>(Sha256(kHashedAdminToken).data()), 32));
+  const std::string hashed = absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(Sha256(kHashedAdminToken).data()), 32));
   const std::string path = WriteTempFile(
-      "tokens.txt", absl::StrCat("# role token\n", "actor ", kActorToken, "\n", "observer ", kObserverToken, "\n",
-                                 "admin ", kAdminToken, "\n", "admin sha256:", hashed, "\n", extra));
+      "tokens.txt", absl::StrCat("# role token\n", "actor ", kActorToken, "\n", "observer ", kObserverToken,
+                                 "\n", "admin ", kAdminToken, "\n", "admin sha256:", hashed, "\n", extra));
   ::chmod(path.c_str(), 0600);
   return path;
 }
@@ -93,8 +94,8 @@ std::shared_ptr<grpc::Channel> Plain(const testing::Daemon& d) {
   return grpc::CreateChannel(d.grpc_address, grpc::InsecureChannelCredentials());
 }
 
-std::shared_ptr<grpc::Channel> Tls(const testing::Daemon& d, const std::string& ca, const std::string& cert = "",
-                                   const std::string& key = "") {
+std::shared_ptr<grpc::Channel> Tls(const testing::Daemon& d, const std::string& ca,
+                                   const std::string& cert = "", const std::string& key = "") {
   grpc::SslCredentialsOptions o;
   o.pem_root_certs = ReadFile(ca);
   if (!cert.empty()) {
@@ -114,7 +115,8 @@ void Authorize(grpc::ClientContext* c, const std::string& token, absl::Duration 
 
 // One KIND_NSTEP batch on a new stream; the stream's final status (OK after
 // its ack and a half-close).
-grpc::Status SendBatch(const std::shared_ptr<grpc::Channel>& ch, const std::string& token, v1::Ack* ack = nullptr) {
+grpc::Status SendBatch(const std::shared_ptr<grpc::Channel>& ch, const std::string& token,
+                       v1::Ack* ack = nullptr) {
   auto stub = v1::ExperienceService::NewStub(ch);
   grpc::ClientContext c;
   Authorize(&c, token);
@@ -123,15 +125,16 @@ grpc::Status SendBatch(const std::shared_ptr<grpc::Channel>& ch, const std::stri
   b.set_kind(v1::TransitionBatch::KIND_NSTEP);
   b.set_count(2);
   b.set_sequence(1);
+  std::vector<float> obs, next_obs;
   for (int i = 0; i < 8; ++i) {
-    b.add_obs(0.1f * i);
-    b.add_next_obs(0.2f * i);
+    obs.push_back(0.1f * i);
+    next_obs.push_back(0.2f * i);
   }
-  for (int i = 0; i < 2; ++i) {
-    b.add_actions(i % 2);
-    b.add_rewards(1.0f);
-    b.add_discounts(0.9f);
-  }
+  wire::SetTensor(b.mutable_obs(), obs, {2, 4});
+  wire::SetTensor(b.mutable_next_obs(), next_obs, {2, 4});
+  wire::SetTensor(b.mutable_actions(), std::vector<int32_t>{0, 1}, {2, 1});
+  wire::SetTensor(b.mutable_rewards(), std::vector<float>{1.0f, 1.0f}, {2});
+  wire::SetTensor(b.mutable_discounts(), std::vector<float>{0.9f, 0.9f}, {2});
   v1::Ack got;
   if (stream->Write(b) && stream->Read(&got) && ack != nullptr) *ack = got;
   stream->WritesDone();
@@ -174,14 +177,15 @@ grpc::Status Health(const std::shared_ptr<grpc::Channel>& ch) {
 
 // Every RPC of the daemon, called with `token`: method -> status code.
 std::map<std::string, grpc::StatusCode> CallEverything(const std::shared_ptr<grpc::Channel>& ch,
-                                                      const std::string& token) {
+                                                       const std::string& token) {
   std::map<std::string, grpc::StatusCode> codes;
   codes["Experience.Stream"] = SendBatch(ch, token).error_code();
   {
     grpc::ClientContext c;
     Authorize(&c, token);
     v1::Policy p;
-    codes["Policy.GetPolicy"] = v1::PolicyService::NewStub(ch)->GetPolicy(&c, v1::GetPolicyRequest(), &p).error_code();
+    codes["Policy.GetPolicy"] =
+        v1::PolicyService::NewStub(ch)->GetPolicy(&c, v1::GetPolicyRequest(), &p).error_code();
   }
   {
     grpc::ClientContext c;
@@ -230,20 +234,27 @@ std::map<std::string, grpc::StatusCode> CallEverything(const std::shared_ptr<grp
 }
 
 std::map<std::string, grpc::StatusCode> Expect(grpc::StatusCode experience, grpc::StatusCode policy,
-                                              grpc::StatusCode status, grpc::StatusCode admin) {
-  return {{"Experience.Stream", experience}, {"Policy.GetPolicy", policy},   {"Policy.WatchPolicy", policy},
-          {"Policy.Evaluate", policy},       {"Admin.Status", status},       {"Admin.Pause", admin},
-          {"Admin.Resume", admin},           {"Admin.Checkpoint", admin},    {"Health.Check", grpc::StatusCode::OK}};
+                                               grpc::StatusCode status, grpc::StatusCode admin) {
+  return {{"Experience.Stream", experience},
+          {"Policy.GetPolicy", policy},
+          {"Policy.WatchPolicy", policy},
+          {"Policy.Evaluate", policy},
+          {"Admin.Status", status},
+          {"Admin.Pause", admin},
+          {"Admin.Resume", admin},
+          {"Admin.Checkpoint", admin},
+          {"Health.Check", grpc::StatusCode::OK}};
 }
 
 using Code = grpc::StatusCode;
 
 // Each role against each RPC, on plaintext loopback and on TLS.
 void CheckRoleMatrix(const std::shared_ptr<grpc::Channel>& ch, const testing::Daemon& d) {
-  EXPECT_EQ(CallEverything(ch, ""), Expect(Code::UNAUTHENTICATED, Code::UNAUTHENTICATED, Code::UNAUTHENTICATED,
-                                           Code::UNAUTHENTICATED));
-  EXPECT_EQ(CallEverything(ch, "not-a-known-token-0123456789"),
-            Expect(Code::UNAUTHENTICATED, Code::UNAUTHENTICATED, Code::UNAUTHENTICATED, Code::UNAUTHENTICATED));
+  EXPECT_EQ(CallEverything(ch, ""), Expect(Code::UNAUTHENTICATED, Code::UNAUTHENTICATED,
+                                           Code::UNAUTHENTICATED, Code::UNAUTHENTICATED));
+  EXPECT_EQ(
+      CallEverything(ch, "not-a-known-token-0123456789"),
+      Expect(Code::UNAUTHENTICATED, Code::UNAUTHENTICATED, Code::UNAUTHENTICATED, Code::UNAUTHENTICATED));
   EXPECT_EQ(CallEverything(ch, kActorToken),
             Expect(Code::OK, Code::OK, Code::PERMISSION_DENIED, Code::PERMISSION_DENIED));
   EXPECT_EQ(CallEverything(ch, kObserverToken),
@@ -367,10 +378,12 @@ TEST(SecurityE2E, MutualTlsRefusesMissingAndWrongClientCertificates) {
   auto d = StartOrDie(SecureFlags(certs, /*mtls=*/true));
   EXPECT_THAT(d.process->output(), HasSubstr("security=mtls no-tokens"));
   v1::Ack ack;
-  EXPECT_TRUE(SendBatch(Tls(d, certs + "/ca.pem", certs + "/client.pem", certs + "/client.key"), "", &ack).ok());
+  EXPECT_TRUE(
+      SendBatch(Tls(d, certs + "/ca.pem", certs + "/client.pem", certs + "/client.key"), "", &ack).ok());
   EXPECT_EQ(ack.accepted(), 2u);
   v1::StatusResponse s;
-  EXPECT_TRUE(GetStatus(Tls(d, certs + "/ca.pem", certs + "/client.pem", certs + "/client.key"), "", &s).ok());
+  EXPECT_TRUE(
+      GetStatus(Tls(d, certs + "/ca.pem", certs + "/client.pem", certs + "/client.key"), "", &s).ok());
   EXPECT_TRUE(s.has_config());
 
   EXPECT_EQ(SendBatch(Tls(d, certs + "/ca.pem"), "").error_code(), Code::UNAVAILABLE);
@@ -393,24 +406,20 @@ TEST(SecurityE2E, SighupReloadsTokensAndKeepsThemOnABadFile) {
   auto ch = Plain(d);
   ASSERT_TRUE(SendBatch(ch, kActorToken).ok());
   EXPECT_EQ(ScrapeStatus(d, "prometheus:first-password"), 200);
-  {
-    std::ofstream(metrics_auth, std::ios::trunc) << "prometheus second-password\n";
-  }
+  { std::ofstream(metrics_auth, std::ios::trunc) << "prometheus second-password\n"; }
 
-  const std::string rotated = "actor rotated-actor-token-0123456789\nadmin " + std::string(kAdminToken) + "\n";
-  {
-    std::ofstream(path, std::ios::trunc) << rotated;
-  }
+  const std::string rotated =
+      "actor rotated-actor-token-0123456789\nadmin " + std::string(kAdminToken) + "\n";
+  { std::ofstream(path, std::ios::trunc) << rotated; }
   d.process->Signal(SIGHUP);
-  ASSERT_TRUE(d.process->WaitForLine("SIGHUP: token and metrics auth files re-read", absl::Seconds(10))) << d.process->output();
+  ASSERT_TRUE(d.process->WaitForLine("SIGHUP: token and metrics auth files re-read", absl::Seconds(10)))
+      << d.process->output();
   EXPECT_EQ(SendBatch(ch, kActorToken).error_code(), Code::UNAUTHENTICATED);
   EXPECT_TRUE(SendBatch(ch, "rotated-actor-token-0123456789").ok());
   EXPECT_EQ(ScrapeStatus(d, "prometheus:first-password"), 401);
   EXPECT_EQ(ScrapeStatus(d, "prometheus:second-password"), 200);
 
-  {
-    std::ofstream(path, std::ios::trunc) << "actor short\n";
-  }
+  { std::ofstream(path, std::ios::trunc) << "actor short\n"; }
   d.process->Signal(SIGHUP);
   auto line = d.process->WaitForLine("SIGHUP: --auth_tokens", absl::Seconds(10));
   ASSERT_TRUE(line) << d.process->output();
@@ -439,13 +448,11 @@ TEST(SecurityE2E, CertificateRotationKeepsOpenStreams) {
     b.set_stream_id("rotation");
     b.set_count(1);
     b.set_sequence(seq);
-    for (int i = 0; i < 4; ++i) {
-      b.add_obs(0.1f);
-      b.add_next_obs(0.2f);
-    }
-    b.add_actions(0);
-    b.add_rewards(1.0f);
-    b.add_discounts(0.9f);
+    wire::SetTensor(b.mutable_obs(), std::vector<float>(4, 0.1f), {1, 4});
+    wire::SetTensor(b.mutable_next_obs(), std::vector<float>(4, 0.2f), {1, 4});
+    wire::SetTensor(b.mutable_actions(), std::vector<int32_t>{0}, {1, 1});
+    wire::SetTensor(b.mutable_rewards(), std::vector<float>{1.0f}, {1});
+    wire::SetTensor(b.mutable_discounts(), std::vector<float>{0.9f}, {1});
     return b;
   };
   v1::Ack ack;
@@ -483,7 +490,8 @@ TEST(SecurityE2E, UnsafeListenAddressesAreRefusedAtStartUp) {
   const std::string tokens = TokenFile();
   const std::vector<Refusal> cases = {
       {{"--listen=0.0.0.0:0"}, "is not a loopback address and TLS is off"},
-      {{"--listen=0.0.0.0:0", "--allow_insecure", "--auth_tokens=" + tokens}, "would cross the network in clear"},
+      {{"--listen=0.0.0.0:0", "--allow_insecure", "--auth_tokens=" + tokens},
+       "would cross the network in clear"},
       {{"--listen=0.0.0.0:0", "--tls_cert=" + certs + "/server.pem", "--tls_key=" + certs + "/server.key"},
        "no client is authenticated"},
       {{"--tls_cert=" + certs + "/server.pem"}, "give both"},
@@ -494,8 +502,8 @@ TEST(SecurityE2E, UnsafeListenAddressesAreRefusedAtStartUp) {
       {{"--auth_tokens=/nonexistent/tokens"}, "cannot be read"},
   };
   for (const Refusal& r : cases) {
-    std::vector<std::string> argv = {testing::BuildDir() + "/qstreamd", "--backend=cpu", "--listen=127.0.0.1:0",
-                                     "--metrics_listen="};
+    std::vector<std::string> argv = {testing::BuildDir() + "/qstreamd", "--backend=cpu",
+                                     "--listen=127.0.0.1:0", "--metrics_listen="};
     argv.insert(argv.end(), r.flags.begin(), r.flags.end());
     auto p = ChildProcess::Spawn(argv);
     EXPECT_EQ(p->Wait(absl::Seconds(30)), 2) << absl::StrJoin(r.flags, " ") << "\n" << p->output();

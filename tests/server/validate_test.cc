@@ -2,15 +2,17 @@
 
 #include <algorithm>
 #include <cmath>
-#include <string>
+#include <cstring>
 #include <limits>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
-
 #include "gtest/gtest.h"
+#include "proto/tensor.h"
 #include "trainer/config.h"
 
 namespace qstream {
@@ -36,19 +38,24 @@ v1::ServerConfig Server(int max_batch = 100) {
 }
 
 v1::TransitionBatch NStep(int n) {
+  std::vector<float> obs, next_obs, rewards(n, 1.0f), discounts(n, 0.9f);
+  std::vector<int32_t> actions;
+  for (int i = 0; i < n * 2; ++i) {
+    obs.push_back(0.5f * i);
+    next_obs.push_back(-0.5f * i);
+  }
+  for (int i = 0; i < n; ++i) {
+    actions.push_back(i % 3);
+    actions.push_back(i % 5);
+  }
   v1::TransitionBatch b;
   b.set_kind(v1::TransitionBatch::KIND_NSTEP);
   b.set_count(n);
-  for (int i = 0; i < n * 2; ++i) {
-    b.add_obs(0.5f * i);
-    b.add_next_obs(-0.5f * i);
-  }
-  for (int i = 0; i < n; ++i) {
-    b.add_actions(i % 3);
-    b.add_actions(i % 5);
-    b.add_rewards(1.0f);
-    b.add_discounts(0.9f);
-  }
+  wire::SetTensor(b.mutable_obs(), obs, {n, 2});
+  wire::SetTensor(b.mutable_next_obs(), next_obs, {n, 2});
+  wire::SetTensor(b.mutable_actions(), actions, {n, 2});
+  wire::SetTensor(b.mutable_rewards(), rewards, {n});
+  wire::SetTensor(b.mutable_discounts(), discounts, {n});
   return b;
 }
 
@@ -56,7 +63,7 @@ v1::TransitionBatch Step(int n) {
   v1::TransitionBatch b = NStep(n);
   b.set_kind(v1::TransitionBatch::KIND_STEP);
   b.clear_discounts();
-  for (int i = 0; i < n; ++i) b.add_done(false);
+  wire::SetBoolTensor(b.mutable_done(), std::vector<bool>(n, false));
   return b;
 }
 
@@ -78,16 +85,14 @@ TEST(ValidateBatchTest, AcceptsWellFormedBatches) {
   named.set_stream_id(std::string(128, 'x'));
   EXPECT_FALSE(ValidateBatch(named, Spec(), Server()).has_value());
   v1::TransitionBatch step = Step(3);
-  for (int i = 0; i < 3; ++i) {
-    step.add_truncated(i == 2);
-    step.add_env_ids(7 * i);
-  }
+  wire::SetBoolTensor(step.mutable_truncated(), {false, false, true});
+  wire::SetTensor(step.mutable_env_ids(), std::vector<uint32_t>{0, 7, 14}, {3});
   EXPECT_FALSE(ValidateBatch(step, Spec(), Server()).has_value());
   v1::TransitionBatch edges = NStep(2);
-  edges.set_discounts(0, 0.0f);
-  edges.set_discounts(1, 1.0f);
-  edges.set_actions(2, 2);
-  edges.set_actions(3, 4);
+  wire::SetElement(edges.mutable_discounts(), 0, 0.0f);
+  wire::SetElement(edges.mutable_discounts(), 1, 1.0f);
+  wire::SetElement(edges.mutable_actions(), 2, int32_t{2});
+  wire::SetElement(edges.mutable_actions(), 3, int32_t{4});
   EXPECT_FALSE(ValidateBatch(edges, Spec(), Server()).has_value());
 }
 
@@ -118,17 +123,18 @@ TEST(ValidateBatchTest, StreamIdLengthAndBytes) {
 
 TEST(ValidateBatchTest, DoneAndTruncatedTogether) {
   v1::TransitionBatch b = Step(4);
-  for (int i = 0; i < 4; ++i) b.add_truncated(i >= 2);
-  b.set_done(1, true);  // done alone is fine
+  wire::SetBoolTensor(b.mutable_truncated(), {false, false, true, true});
+  wire::SetElement(b.mutable_done(), 1, uint8_t{1});  // done alone is fine
   EXPECT_FALSE(ValidateBatch(b, Spec(), Server()).has_value());
-  b.set_done(3, true);
+  wire::SetElement(b.mutable_done(), 3, uint8_t{1});
   ExpectError(b, "done", "done[3] and truncated[3] are both true (an episode ends either terminal or cut)");
 }
 
 TEST(ValidateBatchTest, FieldNamesCoverEveryError) {
   const auto& names = BatchFieldNames();
-  for (const char* field : {"kind", "stream_id", "count", "obs", "next_obs", "actions", "rewards", "discounts",
-                            "done", "truncated", "env_ids", "policy_version", "queued_bytes", "message"}) {
+  for (const char* field :
+       {"kind", "stream_id", "count", "obs", "next_obs", "actions", "rewards", "discounts", "done",
+        "truncated", "env_ids", "policy_version", "queued_bytes", "message"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), field), names.end()) << field;
   }
 }
@@ -137,99 +143,217 @@ TEST(ValidateBatchTest, CountZeroAndTooLarge) {
   v1::TransitionBatch empty;
   empty.set_kind(v1::TransitionBatch::KIND_NSTEP);
   ExpectError(empty, "count", "count: must be > 0");
-  ExpectError(NStep(101), "count", "count: 101 exceeds server.max_batch_transitions = 100", v1::Error::TOO_LARGE);
+  ExpectError(NStep(101), "count", "count: 101 exceeds server.max_batch_transitions = 100",
+              v1::Error::TOO_LARGE);
 }
 
-TEST(ValidateBatchTest, ObsLength) {
+TEST(ValidateBatchTest, TruncatedBytes) {
   v1::TransitionBatch b = NStep(4);
-  b.mutable_obs()->RemoveLast();
-  ExpectError(b, "obs", "obs: 7 values, expected count x obs_dim = 4 x 2 = 8");
+  b.mutable_obs()->mutable_data()->resize(31);
+  ExpectError(b, "obs", "obs: data holds 31 bytes, shape [4, 2] of DTYPE_FLOAT32 needs 32 (truncated)");
   v1::TransitionBatch c = NStep(4);
-  c.add_next_obs(1.0f);
-  ExpectError(c, "next_obs", "next_obs: 9 values, expected count x obs_dim = 4 x 2 = 8");
+  c.mutable_next_obs()->mutable_data()->append(4, '\0');
+  ExpectError(c, "next_obs", "next_obs: data holds 36 bytes, shape [4, 2] of DTYPE_FLOAT32 needs 32");
+  v1::TransitionBatch d = Step(4);
+  d.mutable_done()->mutable_data()->clear();
+  ExpectError(d, "done", "done: data holds 0 bytes, shape [4] of DTYPE_BOOL needs 4 (truncated)");
 }
 
-TEST(ValidateBatchTest, ActionsLengthWithWrongBranchCount) {
+TEST(ValidateBatchTest, ShapeMismatchNamesTheExpectedShape) {
   v1::TransitionBatch b = NStep(4);
-  b.clear_actions();
-  for (int i = 0; i < 4; ++i) b.add_actions(0);  // one branch instead of two
-  ExpectError(b, "actions", "actions: 4 values, expected count x branches = 4 x 2 = 8");
+  b.mutable_obs()->set_shape(1, 1);
+  ExpectError(b, "obs", "obs: shape [4, 1], expected [count, obs_dim] = [4, 2]");
+  b.mutable_obs()->clear_shape();
+  b.mutable_obs()->add_shape(8);
+  ExpectError(b, "obs", "obs: shape [8], expected [count, obs_dim] = [4, 2]");
+  v1::TransitionBatch c = NStep(4);
+  c.mutable_actions()->set_shape(0, 5);
+  ExpectError(c, "actions", "actions: shape [5, 2], expected [count, branches] = [4, 2]");
+  // One branch's worth of actions where the network has two.
+  wire::SetTensor(c.mutable_actions(), std::vector<int32_t>(4, 0), {4, 1});
+  ExpectError(c, "actions", "actions: shape [4, 1], expected [count, branches] = [4, 2]");
+  v1::TransitionBatch d = NStep(4);
+  d.mutable_rewards()->add_shape(1);
+  ExpectError(d, "rewards", "rewards: shape [4, 1], expected [count] = [4]");
+  v1::TransitionBatch e = NStep(3);
+  e.set_count(4);  // every column holds 3 rows
+  ExpectError(e, "obs", "obs: shape [3, 2], expected [count, obs_dim] = [4, 2]");
+}
+
+TEST(ValidateBatchTest, WrongDTypeIsNamed) {
+  v1::TransitionBatch b = NStep(4);
+  b.mutable_actions()->set_dtype(v1::Tensor::DTYPE_UINT32);
+  ExpectError(b, "actions", "actions: dtype DTYPE_UINT32, expected DTYPE_INT32");
+  v1::TransitionBatch c = NStep(4);
+  c.mutable_obs()->set_dtype(v1::Tensor::DTYPE_UNSPECIFIED);
+  ExpectError(c, "obs", "obs: dtype DTYPE_UNSPECIFIED, expected DTYPE_FLOAT32");
+  v1::TransitionBatch d = NStep(4);
+  d.mutable_rewards()->set_dtype(static_cast<v1::Tensor::DType>(42));
+  ExpectError(d, "rewards", "rewards: dtype an unknown dtype, expected DTYPE_FLOAT32");
+  v1::TransitionBatch e = Step(4);
+  wire::SetTensor(e.mutable_env_ids(), std::vector<int32_t>{0, 1, 2, 3}, {4});
+  ExpectError(e, "env_ids", "env_ids: dtype DTYPE_INT32, expected DTYPE_UINT32");
+}
+
+TEST(ValidateBatchTest, MissingRequiredColumnsAreNamed) {
+  v1::TransitionBatch b = NStep(4);
+  b.clear_next_obs();
+  ExpectError(b, "next_obs", "next_obs: missing; a DTYPE_FLOAT32 tensor [count, obs_dim] is required");
+  v1::TransitionBatch c = NStep(4);
+  c.clear_discounts();
+  ExpectError(c, "discounts", "discounts: missing; a DTYPE_FLOAT32 tensor [count] is required");
+  v1::TransitionBatch d = Step(4);
+  d.clear_done();
+  ExpectError(d, "done", "done: missing; a DTYPE_BOOL tensor [count] is required");
+}
+
+TEST(ValidateBatchTest, FlagsMustBeZeroOrOne) {
+  v1::TransitionBatch b = Step(4);
+  wire::SetElement(b.mutable_done(), 2, uint8_t{2});
+  ExpectError(b, "done", "done[2]: byte 2 is not a bool (0 or 1)");
+  v1::TransitionBatch c = Step(4);
+  wire::SetBoolTensor(c.mutable_truncated(), std::vector<bool>(4, false));
+  wire::SetElement(c.mutable_truncated(), 3, uint8_t{255});
+  ExpectError(c, "truncated", "truncated[3]: byte 255 is not a bool (0 or 1)");
+}
+
+// Fresh random columns come out of ValidateBatch bit for bit.
+TEST(ValidateBatchTest, ColumnsAreTheWireBytes) {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (const bool step : {false, true}) {
+    const int n = 1 + static_cast<int>(rng() % 100);
+    std::vector<float> obs(n * 2), next_obs(n * 2), rewards(n), discounts(n);
+    std::vector<int32_t> actions(n * 2);
+    std::vector<uint32_t> env_ids(n);
+    std::vector<bool> done(n), truncated(n);
+    for (float& x : obs) x = normal(rng);
+    for (float& x : next_obs) x = normal(rng);
+    for (float& x : rewards) x = normal(rng);
+    for (float& x : discounts) x = static_cast<float>(rng() % 1001) / 1000.0f;
+    for (int i = 0; i < n; ++i) {
+      actions[2 * i] = static_cast<int32_t>(rng() % 3);
+      actions[2 * i + 1] = static_cast<int32_t>(rng() % 5);
+      env_ids[i] = rng();
+      done[i] = rng() % 5 == 0;
+      truncated[i] = !done[i] && rng() % 7 == 0;
+    }
+    v1::TransitionBatch b;
+    b.set_kind(step ? v1::TransitionBatch::KIND_STEP : v1::TransitionBatch::KIND_NSTEP);
+    b.set_count(n);
+    b.set_sequence(rng());
+    b.set_policy_version(rng() % 1000);
+    b.set_stream_id("s-1");
+    wire::SetTensor(b.mutable_obs(), obs, {n, 2});
+    wire::SetTensor(b.mutable_next_obs(), next_obs, {n, 2});
+    wire::SetTensor(b.mutable_actions(), actions, {n, 2});
+    wire::SetTensor(b.mutable_rewards(), rewards, {n});
+    if (step) {
+      wire::SetBoolTensor(b.mutable_done(), done);
+      wire::SetBoolTensor(b.mutable_truncated(), truncated);
+      wire::SetTensor(b.mutable_env_ids(), env_ids, {n});
+    } else {
+      wire::SetTensor(b.mutable_discounts(), discounts, {n});
+    }
+    v1::TransitionBatch parsed;
+    ASSERT_EQ(DecodeBatch(b.SerializeAsString(), Server(), &parsed).result, DecodedBatch::kParsed);
+    IncomingBatch in;
+    ASSERT_FALSE(ValidateBatch(parsed, Spec(), Server(), &in).has_value());
+    EXPECT_EQ(in.count(), n);
+    EXPECT_EQ(in.sequence, b.sequence());
+    EXPECT_EQ(in.policy_version, b.policy_version());
+    EXPECT_EQ(in.stream_id, "s-1");
+    EXPECT_EQ(in.kind, b.kind());
+    EXPECT_EQ(in.columns.obs, obs);
+    EXPECT_EQ(in.columns.next_obs, next_obs);
+    EXPECT_EQ(in.columns.actions, actions);
+    EXPECT_EQ(in.columns.rewards, rewards);
+    if (step) {
+      EXPECT_TRUE(in.columns.discounts.empty());
+      EXPECT_EQ(in.done, std::vector<uint8_t>(done.begin(), done.end()));
+      EXPECT_EQ(in.truncated, std::vector<uint8_t>(truncated.begin(), truncated.end()));
+      EXPECT_EQ(in.env_ids, env_ids);
+    } else {
+      EXPECT_EQ(in.columns.discounts, discounts);
+      EXPECT_TRUE(in.done.empty() && in.truncated.empty() && in.env_ids.empty());
+    }
+  }
 }
 
 TEST(ValidateBatchTest, ActionOutOfRangeNamesIndexAndBranch) {
   v1::TransitionBatch b = NStep(8);
-  b.set_actions(13, 7);
+  wire::SetElement(b.mutable_actions(), 13, int32_t{7});
   ExpectError(b, "actions", "actions[13]: 7 out of range [0, 5) for branch 1");
   v1::TransitionBatch c = NStep(8);
-  c.set_actions(4, 3);
+  wire::SetElement(c.mutable_actions(), 4, int32_t{3});
   ExpectError(c, "actions", "actions[4]: 3 out of range [0, 3) for branch 0");
   v1::TransitionBatch d = NStep(8);
-  d.set_actions(0, -1);
+  wire::SetElement(d.mutable_actions(), 0, int32_t{-1});
   ExpectError(d, "actions", "actions[0]: -1 out of range [0, 3) for branch 0");
 }
 
 TEST(ValidateBatchTest, RewardsLengthAndFinite) {
   v1::TransitionBatch b = NStep(4);
-  b.add_rewards(0);
-  ExpectError(b, "rewards", "rewards: 5 values, expected count = 4");
+  wire::SetTensor(b.mutable_rewards(), std::vector<float>(5, 0.0f), {5});
+  ExpectError(b, "rewards", "rewards: shape [5], expected [count] = [4]");
   v1::TransitionBatch c = NStep(4);
-  c.set_rewards(2, kNaN);
+  wire::SetElement(c.mutable_rewards(), 2, kNaN);
   ExpectError(c, "rewards", "rewards[2]: nan is not finite");
   v1::TransitionBatch d = NStep(4);
-  d.set_rewards(3, -kInf);
+  wire::SetElement(d.mutable_rewards(), 3, -kInf);
   ExpectError(d, "rewards", "rewards[3]: -inf is not finite");
 }
 
 TEST(ValidateBatchTest, ObservationsFinite) {
   v1::TransitionBatch b = NStep(4);
-  b.set_obs(5, kInf);
+  wire::SetElement(b.mutable_obs(), 5, kInf);
   ExpectError(b, "obs", "obs[5]: inf is not finite");
   v1::TransitionBatch c = NStep(4);
-  c.set_next_obs(7, kNaN);
+  wire::SetElement(c.mutable_next_obs(), 7, kNaN);
   ExpectError(c, "next_obs", "next_obs[7]: nan is not finite");
 }
 
 TEST(ValidateBatchTest, Discounts) {
   v1::TransitionBatch b = NStep(4);
-  b.mutable_discounts()->RemoveLast();
-  ExpectError(b, "discounts", "discounts: 3 values, expected count = 4");
+  b.mutable_discounts()->mutable_data()->resize(12);
+  ExpectError(b, "discounts",
+              "discounts: data holds 12 bytes, shape [4] of DTYPE_FLOAT32 needs 16 (truncated)");
   v1::TransitionBatch c = NStep(4);
-  c.set_discounts(1, 1.5f);
+  wire::SetElement(c.mutable_discounts(), 1, 1.5f);
   ExpectError(c, "discounts", "discounts[1]: 1.5 not in [0, 1]");
   v1::TransitionBatch d = NStep(4);
-  d.set_discounts(2, -0.25f);
+  wire::SetElement(d.mutable_discounts(), 2, -0.25f);
   ExpectError(d, "discounts", "discounts[2]: -0.25 not in [0, 1]");
   v1::TransitionBatch e = NStep(4);
-  e.set_discounts(3, kNaN);
+  wire::SetElement(e.mutable_discounts(), 3, kNaN);
   ExpectError(e, "discounts", "discounts[3]: nan not in [0, 1]");
 }
 
 TEST(ValidateBatchTest, NStepRejectsStepColumns) {
   v1::TransitionBatch b = NStep(2);
-  b.add_done(true);
-  b.add_done(false);
+  wire::SetBoolTensor(b.mutable_done(), {true, false});
   ExpectError(b, "done", "done: only allowed with KIND_STEP");
   v1::TransitionBatch c = NStep(2);
-  c.add_truncated(true);
+  wire::SetBoolTensor(c.mutable_truncated(), {true, false});
   ExpectError(c, "truncated", "truncated: only allowed with KIND_STEP");
   v1::TransitionBatch d = NStep(2);
-  d.add_env_ids(1);
+  wire::SetTensor(d.mutable_env_ids(), std::vector<uint32_t>{1, 1}, {2});
   ExpectError(d, "env_ids", "env_ids: only allowed with KIND_STEP");
 }
 
 TEST(ValidateBatchTest, StepColumns) {
   v1::TransitionBatch b = Step(3);
-  b.add_discounts(1.0f);
-  ExpectError(b, "discounts", "discounts: must be empty for KIND_STEP (the daemon computes them)");
+  wire::SetTensor(b.mutable_discounts(), std::vector<float>(3, 1.0f), {3});
+  ExpectError(b, "discounts", "discounts: must be unset for KIND_STEP (the daemon computes them)");
   v1::TransitionBatch c = Step(3);
-  c.mutable_done()->RemoveLast();
-  ExpectError(c, "done", "done: 2 values, expected count = 3");
+  wire::SetBoolTensor(c.mutable_done(), {false, false});
+  ExpectError(c, "done", "done: shape [2], expected [count] = [3]");
   v1::TransitionBatch d = Step(3);
-  d.add_truncated(false);
-  ExpectError(d, "truncated", "truncated: 1 values, expected count or 0 = 3");
+  wire::SetBoolTensor(d.mutable_truncated(), {false});
+  ExpectError(d, "truncated", "truncated: shape [1], expected [count] = [3]");
   v1::TransitionBatch e = Step(3);
-  for (int i = 0; i < 4; ++i) e.add_env_ids(i);
-  ExpectError(e, "env_ids", "env_ids: 4 values, expected count or 0 = 3");
+  wire::SetTensor(e.mutable_env_ids(), std::vector<uint32_t>{0, 1, 2, 3}, {4});
+  ExpectError(e, "env_ids", "env_ids: shape [4], expected [count] = [3]");
 }
 
 TEST(ValidateBatchTest, NegativePolicyVersion) {
@@ -290,7 +414,8 @@ TEST(DecodeBatchTest, InvalidUtf8StreamIdIsRejectedBeforeProtobufSeesIt) {
   v1::TransitionBatch out;
   ::testing::internal::CaptureStderr();
   const DecodedBatch d = DecodeBatch(WithRawStreamId(b, "ab\xff\xfe"), Server(), &out);
-  const DecodedBatch e = DecodeBatch(WithRawStreamId(b, "a\xc3\xa9"), Server(), &out);  // valid UTF-8, not ASCII
+  const DecodedBatch e =
+      DecodeBatch(WithRawStreamId(b, "a\xc3\xa9"), Server(), &out);  // valid UTF-8, not ASCII
   const std::string logged = ::testing::internal::GetCapturedStderr();
   ASSERT_EQ(d.result, DecodedBatch::kRejected);
   EXPECT_EQ(d.error.field, "stream_id");
@@ -312,12 +437,18 @@ TEST(DecodeBatchTest, EveryStreamIdOccurrenceIsChecked) {
 TEST(DecodeBatchTest, MalformedBytesAreUnparsable) {
   v1::TransitionBatch out;
   const std::string wire = NStep(2).SerializeAsString();
-  const DecodedBatch truncated = DecodeBatch(absl::string_view(wire).substr(0, wire.size() - 3), Server(), &out);
+  const DecodedBatch truncated =
+      DecodeBatch(absl::string_view(wire).substr(0, wire.size() - 3), Server(), &out);
   EXPECT_EQ(truncated.result, DecodedBatch::kUnparsable);
   EXPECT_EQ(truncated.error.field, "message");
   EXPECT_FALSE(truncated.error.message.empty());
   EXPECT_EQ(DecodeBatch(std::string("\x00\x01", 2), Server(), &out).result, DecodedBatch::kUnparsable);
-  EXPECT_EQ(DecodeBatch(std::string("\x6a\x05" "ab", 4), Server(), &out).result, DecodedBatch::kUnparsable);
+  EXPECT_EQ(DecodeBatch(std::string("\x6a\x05"
+                                    "ab",
+                                    4),
+                        Server(), &out)
+                .result,
+            DecodedBatch::kUnparsable);
   // A stream_id field of the wrong wire type is an unknown field, not a string.
   EXPECT_EQ(DecodeBatch(std::string("\x68\x05", 2), Server(), &out).result, DecodedBatch::kParsed);
   EXPECT_EQ(DecodeBatch("", Server(), &out).result, DecodedBatch::kParsed);
@@ -351,7 +482,7 @@ TEST(FirstNonFiniteTest, FindsTheFirstBadValue) {
 
 TEST(ValidateBatchTest, ErrorToProto) {
   v1::TransitionBatch b = NStep(8);
-  b.set_actions(13, 7);
+  wire::SetElement(b.mutable_actions(), 13, int32_t{7});
   const v1::Error e = ValidateBatch(b, Spec(), Server())->ToProto();
   EXPECT_EQ(e.code(), v1::Error::INVALID_FIELD);
   EXPECT_EQ(e.field(), "actions");
