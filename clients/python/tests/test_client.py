@@ -12,6 +12,7 @@ import pytest
 from tcp_proxy import TcpProxy
 
 from qstream import ActorClient, BatchRejected, nstep_batch, step_batch
+from qstream.batch import to_numpy
 
 # CartPole-shaped; the learner never starts (min size = capacity), so the
 # replay holds exactly what was inserted.
@@ -47,13 +48,20 @@ def test_step_batches_are_acknowledged_and_inserted(start_daemon):
     assert st.replay_size == 100
 
 
+def poke(tensor, index, value):
+    """Sets element `index` (row-major) of a Tensor column."""
+    a = to_numpy(tensor).copy()
+    a.flat[index] = value
+    tensor.data = a.tobytes()
+
+
 @pytest.mark.parametrize(
     "field, corrupt",
     [
-        ("rewards", lambda b: b.rewards.__setitem__(3, float("nan"))),
-        ("obs", lambda b: b.obs.pop()),
-        ("actions", lambda b: b.actions.__setitem__(0, 2)),
-        ("actions", lambda b: b.actions.__setitem__(1, -1)),
+        ("rewards", lambda b: poke(b.rewards, 3, float("nan"))),
+        ("obs", lambda b: setattr(b.obs, "data", b.obs.data[:-4])),  # one float short
+        ("actions", lambda b: poke(b.actions, 0, 2)),
+        ("actions", lambda b: poke(b.actions, 1, -1)),
     ],
 )
 def test_bad_batch_raises_batch_rejected_naming_field(start_daemon, field, corrupt):
@@ -82,7 +90,7 @@ def test_rejection_surfaces_on_next_send(start_daemon):
     rng = np.random.default_rng(2)
     c = ActorClient(d.grpc, max_in_flight=1)
     bad = step_batch(**good_steps(rng, 5))
-    bad.rewards[0] = float("inf")
+    poke(bad.rewards, 0, float("inf"))
     c.send(bad)
     # With one batch in flight, the next send waits for the error ack and raises.
     with pytest.raises(BatchRejected) as e:

@@ -1,0 +1,298 @@
+"""qstream.Writer against an in-process fake ExperienceService (no qstreamd):
+what batches it sends, when, and how it chains, holds back and fails."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from fake_daemon import FakeDaemon
+
+from qstream import Backpressure, BatchRejected, Writer, nstep_batch
+from qstream.batch import Tensor, to_numpy
+
+OBS_DIM = 3
+
+
+@pytest.fixture
+def fake():
+    d = FakeDaemon()
+    yield d
+    d.stop()
+
+
+def writer(fake, **kw):
+    kw.setdefault("max_delay", None)
+    return Writer(fake.address, obs_dim=OBS_DIM, num_branches=1, **kw)
+
+
+def col(batch, name):
+    return to_numpy(getattr(batch, name))
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
+def terminal_steps(w, values, env_ids=None):
+    """One terminal step per value: obs = value, next_obs = value + 0.5."""
+    v = np.asarray(values, np.float32)
+    n = v.size
+    w.append(np.repeat(v[:, None], OBS_DIM, 1), np.zeros(n), v, np.ones(n, bool), np.zeros(n, bool),
+             next_obs=np.repeat(v[:, None] + 0.5, OBS_DIM, 1), env_ids=env_ids)
+
+
+def test_flush_by_size_sends_batches_of_exactly_max_batch(fake):
+    w = writer(fake, max_batch=4)
+    for i in range(10):
+        terminal_steps(w, [i])
+    batches = fake.wait_batches(2)
+    assert [b.count for b in batches] == [4, 4]
+    assert w.buffered == 2
+    np.testing.assert_array_equal(col(batches[1], "rewards"), [4, 5, 6, 7])
+    assert w.close() == 10
+    assert [b.count for b in fake.batches] == [4, 4, 2]
+    assert [b.sequence for b in fake.batches] == [1, 2, 3]
+
+
+def test_one_append_larger_than_max_batch_is_split_in_order(fake):
+    w = writer(fake, max_batch=3)
+    terminal_steps(w, np.arange(8))
+    assert w.flush(timeout=10) == 8
+    assert [b.count for b in fake.batches] == [3, 3, 2]
+    np.testing.assert_array_equal(np.concatenate([col(b, "rewards") for b in fake.batches]), np.arange(8))
+    w.close()
+
+
+def test_flush_by_time_sends_a_partial_batch_once_the_oldest_row_is_max_delay_old(fake):
+    w = writer(fake, max_batch=100, max_delay=0.05)
+    start = time.monotonic()
+    terminal_steps(w, [1, 2, 3])
+    (batch,) = fake.wait_batches(1, timeout=5)  # sent by the sender thread: no further append
+    assert time.monotonic() - start >= 0.05
+    assert batch.count == 3
+    assert w.buffered == 0
+    w.close()
+
+
+def test_no_time_flush_without_max_delay(fake):
+    w = writer(fake, max_batch=100, max_delay=None)
+    terminal_steps(w, [1, 2, 3])
+    with pytest.raises(TimeoutError):
+        fake.wait_batches(1, timeout=0.3)
+    assert w.buffered == 3
+    w.close()
+    assert [b.count for b in fake.batches] == [3]
+
+
+def test_close_sends_the_rest_and_returns_the_acknowledged_count(fake):
+    w = writer(fake, max_batch=64)
+    terminal_steps(w, np.arange(5))
+    assert w.close() == 5
+    assert [b.count for b in fake.batches] == [5]
+
+
+def test_flush_returns_the_sum_of_accepted_and_a_rejected_batch_counts_nothing(fake):
+    fake.reject[2] = ("rewards", "rewards[0] is nan")
+    w = writer(fake, max_batch=2)
+    terminal_steps(w, [1, 2])  # batch 1: accepted
+    terminal_steps(w, [3, 4])  # batch 2: rejected
+    terminal_steps(w, [5])
+    with pytest.raises(BatchRejected) as e:
+        w.flush(timeout=10)
+    assert (e.value.sequence, e.value.field, e.value.code) == (2, "rewards", "INVALID_FIELD")
+    assert "rewards" in str(e.value)
+    assert w.flush(timeout=10) == 3  # batches 1 and 3
+    assert w.stats.acked_batches == 3
+    w.close()
+
+
+def test_error_ack_raises_batch_rejected_from_the_next_append_without_adding_it(fake):
+    fake.reject[1] = ("obs", "obs: shape [1, 3], expected [1, 4]")
+    w = writer(fake, max_batch=1, max_in_flight=1)
+    terminal_steps(w, [1])
+    wait_until(lambda: w.stats.acked_batches == 1)
+    with pytest.raises(BatchRejected) as e:
+        terminal_steps(w, [2])
+    assert e.value.field == "obs"
+    assert w.buffered == 0
+    terminal_steps(w, [3])  # the stream carries on
+    assert w.close() == 1
+    np.testing.assert_array_equal(col(fake.batches[-1], "rewards"), [3])
+
+
+def test_sent_tensors_round_trip_dtype_shape_and_bytes(fake):
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(4, OBS_DIM)).astype(np.float32)
+    nxt = rng.normal(size=(4, OBS_DIM)).astype(np.float32)
+    w = Writer(fake.address, max_batch=8, max_delay=None)  # obs_dim and num_branches from the first append
+    w.append(obs, [[0, 1], [1, 0], [2, 2], [0, 0]], [0.5, 1, 1.5, 2], [0, 1, 0, 0], [0, 0, 1, 0],
+             next_obs=nxt, env_ids=[3, 1, 2, 0], policy_version=7)
+    w.close()
+    (b,) = fake.batches
+    assert b.kind == b.KIND_STEP and b.count == 4 and b.policy_version == 7 and b.stream_id == w.stream_id
+    expect = {
+        "obs": (Tensor.DTYPE_FLOAT32, obs),
+        "next_obs": (Tensor.DTYPE_FLOAT32, nxt),
+        "actions": (Tensor.DTYPE_INT32, np.array([[0, 1], [1, 0], [2, 2], [0, 0]], np.int32)),
+        "rewards": (Tensor.DTYPE_FLOAT32, np.array([0.5, 1, 1.5, 2], np.float32)),
+        "done": (Tensor.DTYPE_BOOL, np.array([0, 1, 0, 0], bool)),
+        "truncated": (Tensor.DTYPE_BOOL, np.array([0, 0, 1, 0], bool)),
+        "env_ids": (Tensor.DTYPE_UINT32, np.array([3, 1, 2, 0], np.uint32)),
+    }
+    for name, (dtype, want) in expect.items():
+        t = getattr(b, name)
+        assert t.dtype == dtype, name
+        assert list(t.shape) == list(want.shape), name
+        assert t.data == want.tobytes(), name
+    assert not b.HasField("discounts")
+
+
+def test_vector_env_chains_next_obs_per_env_and_ends_episodes_at_once(fake):
+    """Three envs appended without next_obs: each step's next state is that
+    env's obs in the following append; env 1 terminates at t=2 (sent at once,
+    no chaining into its next episode); env 2 is left out at t=3 (env_ids)."""
+    w = writer(fake, max_batch=100)
+
+    def obs_at(t, envs=(0, 1, 2)):
+        return np.array([[10 * e + t] * OBS_DIM for e in envs], np.float32)
+
+    for t in range(3):
+        w.append(obs_at(t), [0, 1, 0], [t, t, t], [False, t == 2, False], [False] * 3, policy_version=t)
+    assert w.pending == 2  # envs 0 and 2 wait for their next obs; env 1 ended
+    w.append(obs_at(3, (0, 1)), [0, 0], [3, 3], [False, False], [False, False], env_ids=[0, 1])
+    assert w.pending == 3  # env 0's and env 1's t=3 steps (env 1: a new episode), env 2's t=2 step
+    w.flush(timeout=10)
+    (b,) = fake.batches
+    env, o, n = col(b, "env_ids"), col(b, "obs")[:, 0], col(b, "next_obs")[:, 0]
+    rows = {(int(e), float(x)): (float(y), bool(d)) for e, x, y, d in zip(env, o, n, col(b, "done"))}
+    assert rows == {
+        (0, 0): (1, False), (0, 1): (2, False), (0, 2): (3, False),
+        (1, 10): (11, False), (1, 11): (12, False), (1, 12): (12, True),  # terminal: own obs stands in
+        (2, 20): (21, False), (2, 21): (22, False),
+    }
+    for e in range(3):  # per env in step order
+        np.testing.assert_array_equal(o[env == e], np.sort(o[env == e]))
+    assert b.policy_version == 0
+    w.close()
+
+
+def test_next_obs_given_completes_a_waiting_step_first(fake):
+    w = writer(fake, max_batch=100)
+    w.append([1.0] * OBS_DIM, 0, 1.0, False, False)  # single env, unbatched; waits
+    w.append([2.0] * OBS_DIM, 0, 2.0, False, True, next_obs=[2.5] * OBS_DIM)  # truncated, final obs given
+    assert w.pending == 0
+    w.close()
+    (b,) = fake.batches
+    np.testing.assert_array_equal(col(b, "obs")[:, 0], [1, 2])
+    np.testing.assert_array_equal(col(b, "next_obs")[:, 0], [2, 2.5])
+    np.testing.assert_array_equal(col(b, "truncated"), [False, True])
+
+
+def test_truncated_without_next_obs_raises_naming_it_and_adds_nothing(fake):
+    w = writer(fake, max_batch=100)
+    w.append(np.zeros((2, OBS_DIM)), [0, 0], [1, 1], [False, False], [False, False])
+    with pytest.raises(ValueError, match="truncated.*next_obs"):
+        w.append(np.ones((2, OBS_DIM)), [0, 0], [1, 1], [False, False], [False, True])
+    assert (w.pending, w.buffered) == (2, 0)
+    w.close()
+
+
+def test_terminated_and_truncated_together_is_terminated(fake):
+    w = writer(fake, max_batch=100)
+    w.append([0.0] * OBS_DIM, 0, 1.0, True, True)  # no next_obs needed: terminal wins
+    w.close()
+    (b,) = fake.batches
+    np.testing.assert_array_equal(col(b, "done"), [True])
+    np.testing.assert_array_equal(col(b, "truncated"), [False])
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(obs=np.zeros((2, 4))), "obs"),
+        (dict(action=np.zeros(3)), "action"),
+        (dict(reward=np.zeros(3)), "reward"),
+        (dict(terminated=[True]), "terminated"),
+        (dict(env_ids=[0, 0]), "env_ids"),  # twice without next_obs
+        (dict(next_obs=np.zeros((2, 2))), "next_obs"),
+    ],
+)
+def test_bad_shapes_raise_value_error_naming_the_argument(fake, kwargs, match):
+    w = writer(fake)
+    args = dict(obs=np.zeros((2, OBS_DIM)), action=[0, 0], reward=[0, 0], terminated=[False, False],
+                truncated=[False, False])
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        w.append(**args)
+    assert (w.pending, w.buffered) == (0, 0)
+    w.close()
+
+
+def test_constructor_checks(fake):
+    for kw in (dict(max_batch=0), dict(max_in_flight=0), dict(max_delay=-1), dict(obs_dim=0)):
+        with pytest.raises(ValueError):
+            Writer(fake.address, **kw)
+
+
+def test_backpressure_raises_when_the_window_is_full_and_applies_nothing(fake):
+    fake.hold()  # no acks
+    w = writer(fake, max_batch=2, max_in_flight=2, block=False)
+    terminal_steps(w, [1, 2])  # batch 1
+    terminal_steps(w, [3, 4])  # batch 2: the window is full
+    terminal_steps(w, [5, 6])  # fits the buffer; not sent
+    assert w.buffered == 2
+    with pytest.raises(Backpressure):
+        terminal_steps(w, [7])
+    with pytest.raises(Backpressure):
+        w.flush()
+    assert w.buffered == 2  # nothing of the refused calls was applied
+    fake.release()
+    # The sender thread sends the full buffer as soon as an ack frees a slot.
+    wait_until(lambda: w.stats.acked_batches == 3)
+    assert w.buffered == 0
+    assert w.flush(timeout=10) == 6
+    terminal_steps(w, [7])
+    assert w.close() == 7
+    np.testing.assert_array_equal(np.concatenate([col(b, "rewards") for b in fake.batches]), np.arange(1, 8))
+
+
+def test_blocking_append_waits_for_a_free_slot(fake):
+    fake.hold()
+    w = writer(fake, max_batch=1, max_in_flight=1)
+    terminal_steps(w, [1])  # in flight
+    terminal_steps(w, [2])  # buffered: the buffer is full, the window too
+    done = threading.Event()
+
+    def third():
+        terminal_steps(w, [3])
+        done.set()
+
+    t = threading.Thread(target=third)
+    t.start()
+    assert not done.wait(0.3)  # blocked on the window
+    fake.release()
+    assert done.wait(10)
+    t.join()
+    assert w.close() == 3
+
+
+def test_send_goes_out_after_the_buffered_rows(fake):
+    w = writer(fake, max_batch=100)
+    terminal_steps(w, [1, 2])
+    obs = np.zeros((3, OBS_DIM))
+    seq = w.send(nstep_batch(obs, np.zeros(3), np.ones(3), np.full(3, 0.9), obs))
+    assert seq == 2
+    assert w.close() == 5
+    assert [(b.sequence, b.kind, b.count) for b in fake.batches] == [(1, 2, 2), (2, 1, 3)]
+
+
+def test_policy_version_of_a_batch_is_its_oldest_row(fake):
+    w = writer(fake, max_batch=3)
+    for v in (5, 3, 4):
+        w.append([float(v)] * OBS_DIM, 0, 0.0, True, False, policy_version=v)
+    w.close()
+    assert [b.policy_version for b in fake.batches] == [3]
