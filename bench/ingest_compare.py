@@ -77,6 +77,13 @@ def log(*a) -> None:
     print(*a, file=sys.stderr, flush=True)
 
 
+def host_busy_seconds() -> float:
+    """CPU seconds all cores spent not idle (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / CLK_TCK
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of `pid` (stat(5) fields 14 and 15)."""
     with open(f"/proc/{pid}/stat") as f:
@@ -168,10 +175,12 @@ def run_clients(argvs: list, env, start_at: float, args, server_pid: int, on_bou
     """Spawns the clients, samples the server's CPU at every window boundary
     and returns (client results, CPU seconds per window, boundary extras)."""
     procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for a in argvs]
-    cpu, extras = [], []
+    cpu, client_cpu, host, extras = [], [], [], []
     for k in range(args.repeats + 1):
         sleep_until(start_at + k * args.window_seconds)
         cpu.append(cpu_seconds(server_pid))
+        client_cpu.append(sum(cpu_seconds(p.pid) for p in procs if p.poll() is None))
+        host.append(host_busy_seconds())
         if on_boundary:
             extras.append(on_boundary())
     results = []
@@ -181,6 +190,16 @@ def run_clients(argvs: list, env, start_at: float, args, server_pid: int, on_bou
         if p.returncode != 0 or not lines:
             raise RuntimeError(f"client {' '.join(p.args)} exited {p.returncode}:\n{err[-3000:]}")
         results.append(json.loads(lines[-1]))
+    w = args.window_seconds
+    server_cores = [(b - a) / w for a, b in zip(cpu, cpu[1:])]
+    client_cores = [(b - a) / w for a, b in zip(client_cpu, client_cpu[1:])]
+    host_cores = [(b - a) / w for a, b in zip(host, host[1:])]
+    extras.append({
+        "clients_cpu_cores": median(client_cores),
+        "host_busy_cores": median(host_cores),
+        # CPU taken by processes other than this case's server and clients (builds, tests of others).
+        "other_busy_cores": median([h - s - c for h, s, c in zip(host_cores, server_cores, client_cores)]),
+    })
     return results, [b - a for a, b in zip(cpu, cpu[1:])], extras
 
 
@@ -233,6 +252,7 @@ def run_qstream(peer: str, k: int, clients: int, learner: str, args, config_path
         results, cpu, marks = run_clients(argvs, env, start_at, args, daemon.proc.pid,
                                           on_boundary=lambda: scrape_after_poll(metrics_address))
         row = window_rates(results, cpu, k, args)
+        row.update(marks.pop())
         (t0, m0), (t1, m1) = marks[0], marks[-1]
         steps = "qstream_train_steps_total"
         row["learner_steps_per_s_ingest"] = (m1.get(steps, 0) - m0.get(steps, 0)) / (t1 - t0)
@@ -281,8 +301,9 @@ def run_reverb(peer: str, k: int, clients: int, args) -> dict:
         argvs = [[py, script, "client", f"--address={address}", f"--writer={writer}", f"--items_per_insert={k}",
                   f"--start_at={start_at:.3f}", f"--window_seconds={args.window_seconds}",
                   f"--repeats={args.repeats}", f"--seed={i + 1}"] for i in range(clients)]
-        results, cpu, _ = run_clients(argvs, None, start_at, args, server.proc.pid)
+        results, cpu, extras = run_clients(argvs, None, start_at, args, server.proc.pid)
         row = window_rates(results, cpu, k, args)
+        row.update(extras[-1])
         out = subprocess.run([py, script, "inserts", f"--address={address}"], capture_output=True, text=True,
                              timeout=120)
         inserted = int(out.stdout.strip().splitlines()[-1]) * k if out.returncode == 0 else -1
@@ -347,6 +368,30 @@ def tables(rows: list, args) -> str:
     return "\n".join(out)
 
 
+def run_case(peer: str, k: int, n: int, learner: str, args, config_path: str, commit: str) -> dict:
+    case = {"bench": "ingest_compare", "peer": peer, "learner": learner, "items_per_message": k,
+            "clients": n, "config": "h200", "window_seconds": args.window_seconds,
+            "repeats": args.repeats, "host_cores": os.cpu_count(), "commit": commit}
+    if peer in QSTREAM_PEERS:
+        case["samples_per_insert"] = args.samples_per_insert if learner == "running" else None
+        case["learner_batch"] = args.learner_batch
+        case["backend"] = args.backend
+        case["streams_per_client"] = args.cpp_streams if peer == "cpp" else 1
+    log(f"{peer} learner={learner} items={k} clients={n} ...")
+    try:
+        if peer in QSTREAM_PEERS:
+            case.update(run_qstream(peer, k, n, learner, args, config_path))
+        else:
+            case.update(run_reverb(peer, k, n, args))
+    except Exception as e:  # one failed case does not end the run
+        case["error"] = str(e)[-2000:]
+    log("  " + ", ".join(f"{key}={case.get(key)}" for key in (
+        "transitions_per_s", "server_cpu_us_per_message", "server_cpu_us_per_transition", "acked_eq_ingested",
+        "learner_steps_per_s_ingest", "learner_steps_per_s_idle", "other_busy_cores", "error")))
+    print(json.dumps(case), flush=True)
+    return case
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
@@ -395,32 +440,16 @@ def main() -> int:
         config_path = f.name
     rows = []
     try:
-        for peer in args.peers:
-            learners = args.learner.split(",") if peer in QSTREAM_PEERS else ["paused"]
-            for learner in learners:
-                for k in (args.items if peer in QSTREAM_PEERS else args.reverb_items):
-                    for n in args.clients:
-                        case = {"bench": "ingest_compare", "peer": peer, "learner": learner, "items_per_message": k,
-                                "clients": n, "config": "h200", "window_seconds": args.window_seconds,
-                                "repeats": args.repeats, "host_cores": os.cpu_count(), "commit": commit}
-                        if peer in QSTREAM_PEERS:
-                            case["samples_per_insert"] = args.samples_per_insert if learner == "running" else None
-                            case["learner_batch"] = args.learner_batch
-                            case["backend"] = args.backend
-                            case["streams_per_client"] = args.cpp_streams if peer == "cpp" else 1
-                        log(f"{peer} learner={learner} items={k} clients={n} ...")
-                        try:
-                            if peer in QSTREAM_PEERS:
-                                case.update(run_qstream(peer, k, n, learner, args, config_path))
-                            else:
-                                case.update(run_reverb(peer, k, n, args))
-                        except Exception as e:  # one failed case does not end the run
-                            case["error"] = str(e)[-2000:]
-                        log("  " + ", ".join(f"{key}={case.get(key)}" for key in (
-                            "transitions_per_s", "server_cpu_us_per_message", "server_cpu_us_per_transition",
-                            "acked_eq_ingested", "learner_steps_per_s_ingest", "learner_steps_per_s_idle", "error")))
-                        print(json.dumps(case), flush=True)
-                        rows.append(case)
+        # Cell by cell (size, client count), every peer and learner mode back to back, so that load from
+        # other processes on the host falls on the peers of a cell alike.
+        sizes = sorted(set(args.items) | set(args.reverb_items))
+        for k in sizes:
+            for n in args.clients:
+                for peer in args.peers:
+                    if k not in (args.items if peer in QSTREAM_PEERS else args.reverb_items):
+                        continue
+                    for learner in (args.learner.split(",") if peer in QSTREAM_PEERS else ["paused"]):
+                        rows.append(run_case(peer, k, n, learner, args, config_path, commit))
     finally:
         os.unlink(config_path)
     table = tables(rows, args)
