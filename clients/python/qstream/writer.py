@@ -31,7 +31,7 @@ import numpy as np
 from qstream.batch import BOOL, F32, I32, U32, StepColumns
 from qstream.channel import PathLike, QstreamError, channel_for
 from qstream.proto import experience_pb2
-from qstream.stream import ExperienceStream, StreamError, StreamStats
+from qstream.stream import BatchRejected, ExperienceStream, StreamError, StreamStats
 
 # Steps waiting for their next observation are kept in arrays indexed by
 # env id; ids at or above this bound must come with next_obs.
@@ -270,8 +270,11 @@ class Writer:
                 k = complete.size
             if chained is not None:
                 k += n if chained is every else chained.size
-            if not self.block:
-                self._check_room_locked(k)
+            if self._sends_needed_locked(k):
+                if not self.block:
+                    self._check_room_locked(k)
+                else:
+                    self._await_room_locked()  # a rejection arriving meanwhile raises, nothing applied
             now = time.monotonic()
             if chained is not None:
                 cslots = slots if chained is every else ids[chained]
@@ -304,7 +307,9 @@ class Writer:
                 raise Backpressure(f"{self._stream.in_flight_locked()} of {self._stream.max_in_flight} batches "
                                    f"in flight: no slot for this batch")
             if self._n:
+                self._await_room_locked()
                 self._send_when_room_locked(None)
+            self._await_room_locked()
             self._send_when_room_locked(batch)
             return batch.sequence
 
@@ -332,9 +337,21 @@ class Writer:
         the stream, waits for the daemon to end it (it first inserts what
         its n-step windows hold) and closes the channel if the Writer opened
         it. Steps still waiting for a next observation are dropped. Returns
-        flush()'s count; raises like flush(), after closing all the same."""
+        flush()'s count; raises like flush() (a BatchRejected only after the
+        buffer went out and every ack came back), after closing all the
+        same."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            return self._flush(timeout, True)
+            rejected = None
+            while True:  # an earlier rejection must not keep the buffer from going out
+                try:
+                    acked = self._flush(None if deadline is None else max(0.0, deadline - time.monotonic()), True)
+                    break
+                except BatchRejected as e:
+                    rejected = rejected or e
+            if rejected is not None:
+                raise rejected
+            return acked
         finally:
             self._stop_sender()
             self._stream.close(timeout)
@@ -410,12 +427,15 @@ class Writer:
         self._pending_valid[slots] = True
         self._num_pending += obs.shape[0]
 
+    def _sends_needed_locked(self, k: int) -> int:
+        """Batches that must go out so that `k` more rows fit in the buffer."""
+        over = self._n + k - self.max_batch
+        return -(-over // self.max_batch) if over > 0 else 0
+
     def _check_room_locked(self, k: int) -> None:
         """Raises Backpressure unless `k` more rows fit: the batches that must
         go out so that the rest fits in the buffer each need a free slot."""
-        over = self._n + k - self.max_batch
-        sends = -(-over // self.max_batch) if over > 0 else 0
-        if sends > self._stream.free_slots_locked():
+        if self._sends_needed_locked(k) > self._stream.free_slots_locked():
             raise Backpressure(
                 f"{self._stream.in_flight_locked()} of {self._stream.max_in_flight} batches in flight and "
                 f"{self._n} of {self.max_batch} rows buffered: no room for {k} more")
@@ -463,6 +483,18 @@ class Writer:
         if wake_at is not None and wake_at < self._sender_deadline:
             self._sender_cv.notify()
 
+    def _await_room_locked(self, deadline: float | None = None) -> None:
+        """Waits for a free slot; raises a BatchRejected that arrived
+        meanwhile (or the stream's failure), or TimeoutError."""
+        s = self._stream
+        if s.has_room_locked():
+            return
+        ok = self._cv.wait_for(lambda: s.has_room_locked() or s.raisable_locked(),
+                               None if deadline is None else max(0.0, deadline - time.monotonic()))
+        s.raise_pending_locked()
+        if not ok:
+            raise TimeoutError(f"no free slot: {s.in_flight_locked()} batches still unacknowledged")
+
     def _send_when_room_locked(self, batch, deadline: float | None = None) -> None:
         """Sends `batch` (None: the buffer) once a slot is free."""
         s = self._stream
@@ -497,6 +529,7 @@ class Writer:
                     raise Backpressure(
                         f"{self._stream.in_flight_locked()} batches in flight: the {self._n} buffered rows "
                         f"cannot go out yet")
+                self._await_room_locked(deadline)
                 self._send_when_room_locked(None, deadline)
         self._stream.wait_idle(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return self.acked

@@ -296,3 +296,15 @@ def test_policy_version_of_a_batch_is_its_oldest_row(fake):
         w.append([float(v)] * OBS_DIM, 0, 0.0, True, False, policy_version=v)
     w.close()
     assert [b.policy_version for b in fake.batches] == [3]
+
+
+def test_close_sends_the_buffer_despite_an_earlier_rejection_then_raises_it(fake):
+    fake.reject[1] = ("rewards", "rewards[0] is nan")
+    w = writer(fake, max_batch=2)
+    terminal_steps(w, [1, 2])  # batch 1: rejected
+    terminal_steps(w, [3])
+    wait_until(lambda: w.stats.acked_batches == 1)
+    with pytest.raises(BatchRejected):
+        w.close()
+    assert [b.count for b in fake.batches] == [2, 1]
+    assert w.acked == 1
