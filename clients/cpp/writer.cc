@@ -120,6 +120,7 @@ bool Writer::DueLocked(absl::Time now) const {
   return filling_->count > 0 && now >= filling_->first_append + options_.flush_after;
 }
 
+// Callers hold rows in filling_ and a free spare_.
 void Writer::HandOverLocked() {
   ready_ = std::move(filling_);
   filling_ = std::move(spare_);
@@ -149,15 +150,18 @@ absl::Status Writer::AppendRows(const VectorStep& rows, int count, uint32_t firs
                                                      "earlier batches; nothing appended, retry later"));
   }
   const absl::Time now = absl::Now();
-  auto spare_free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spare_ != nullptr || !error_.ok(); };
+  // Back-pressure: the sender holds the other buffer until the stream has
+  // room; once it is back, the sender may also have taken the full one.
+  auto room = [this, capacity]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return spare_ != nullptr || filling_->count < capacity || !error_.ok();
+  };
   const int obs_dim = options_.obs_dim;
   const int branches = options_.num_branches;
   for (int row = 0; row < count;) {
     if (filling_->count == capacity) {
-      // Back-pressure: the sender holds the other buffer until the stream has room.
-      mu_.Await(absl::Condition(&spare_free));
+      mu_.Await(absl::Condition(&room));
       if (!error_.ok()) return error_;
-      HandOverLocked();
+      if (filling_->count == capacity) HandOverLocked();
     }
     Columns& c = *filling_;
     const int take = std::min(count - row, capacity - c.count);
@@ -223,13 +227,15 @@ absl::StatusOr<int64_t> Writer::Flush() {
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return absl::FailedPreconditionError("writer is closed");
+    // The sender may take the rows itself (flush_after) while this waits.
+    auto can_hand_over = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return spare_ != nullptr || filling_->count == 0 || !error_.ok();
+    };
+    mu_.Await(absl::Condition(&can_hand_over));
+    if (!error_.ok()) return error_;
+    if (filling_->count > 0) HandOverLocked();
     auto spare_free = [this]()
                           ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spare_ != nullptr || !error_.ok(); };
-    if (filling_->count > 0) {
-      mu_.Await(absl::Condition(&spare_free));
-      if (!error_.ok()) return error_;
-      HandOverLocked();
-    }
     // The spare is back once the sender handed the last batch to the stream.
     mu_.Await(absl::Condition(&spare_free));
     if (!error_.ok()) return error_;
