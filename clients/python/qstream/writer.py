@@ -255,7 +255,7 @@ class Writer:
         slots = slice(0, n) if env_ids is None else ids
 
         with self._cv:
-            self._stream.raise_pending_locked()
+            self._check_open_locked()
             if n == 0:
                 return
             chained = self._chained_locked(ids, slots, n, may_repeat=env_ids is not None and next_obs is not None)
@@ -301,7 +301,7 @@ class Writer:
         its sequence and stream_id) and returns the sequence. Blocks, or
         raises Backpressure (block=False), while the window is full."""
         with self._cv:
-            self._stream.raise_pending_locked()
+            self._check_open_locked()
             needed = 2 if self._n else 1
             if not self.block and self._stream.free_slots_locked() < needed:
                 raise Backpressure(f"{self._stream.in_flight_locked()} of {self._stream.max_in_flight} batches "
@@ -426,6 +426,13 @@ class Writer:
         p.policy_version[slots] = version
         self._pending_valid[slots] = True
         self._num_pending += obs.shape[0]
+
+    def _check_open_locked(self) -> None:
+        """Raises a pending rejection or failure, or StreamError once the
+        Writer is closed."""
+        self._stream.raise_pending_locked()
+        if self._stopping:
+            raise StreamError("the Writer is closed")
 
     def _sends_needed_locked(self, k: int) -> int:
         """Batches that must go out so that `k` more rows fit in the buffer."""

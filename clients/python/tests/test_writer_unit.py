@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from fake_daemon import FakeDaemon
 
-from qstream import Backpressure, BatchRejected, Writer, nstep_batch
+from qstream import Backpressure, BatchRejected, StreamError, Writer, nstep_batch
 from qstream.batch import Tensor, to_numpy
 
 OBS_DIM = 3
@@ -300,11 +300,20 @@ def test_policy_version_of_a_batch_is_its_oldest_row(fake):
 
 def test_close_sends_the_buffer_despite_an_earlier_rejection_then_raises_it(fake):
     fake.reject[1] = ("rewards", "rewards[0] is nan")
+    fake.hold()  # the error ack comes only once [3] is buffered
     w = writer(fake, max_batch=2)
     terminal_steps(w, [1, 2])  # batch 1: rejected
     terminal_steps(w, [3])
+    fake.release()
     wait_until(lambda: w.stats.acked_batches == 1)
     with pytest.raises(BatchRejected):
         w.close()
     assert [b.count for b in fake.batches] == [2, 1]
     assert w.acked == 1
+
+
+def test_append_after_close_raises_stream_error(fake):
+    w = writer(fake)
+    w.close()
+    with pytest.raises(StreamError):
+        terminal_steps(w, [1])
