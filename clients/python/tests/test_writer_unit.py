@@ -97,10 +97,12 @@ def test_close_sends_the_rest_and_returns_the_acknowledged_count(fake):
 
 def test_flush_returns_the_sum_of_accepted_and_a_rejected_batch_counts_nothing(fake):
     fake.reject[2] = ("rewards", "rewards[0] is nan")
+    fake.hold()  # no ack before the last append: it would raise the rejection
     w = writer(fake, max_batch=2)
     terminal_steps(w, [1, 2])  # batch 1: accepted
     terminal_steps(w, [3, 4])  # batch 2: rejected
     terminal_steps(w, [5])
+    fake.release()
     with pytest.raises(BatchRejected) as e:
         w.flush(timeout=10)
     assert (e.value.sequence, e.value.field, e.value.code) == (2, "rewards", "INVALID_FIELD")
