@@ -190,6 +190,8 @@ def run_clients(argvs: list, env, start_at: float, args, server_pid: int, on_bou
         if p.returncode != 0 or not lines:
             raise RuntimeError(f"client {' '.join(p.args)} exited {p.returncode}:\n{err[-3000:]}")
         results.append(json.loads(lines[-1]))
+        if results[-1]["status"] != "ok":
+            raise RuntimeError(f"client {' '.join(p.args)}: {results[-1]['status']}")
     w = args.window_seconds
     server_cores = [(b - a) / w for a, b in zip(cpu, cpu[1:])]
     client_cores = [(b - a) / w for a, b in zip(client_cpu, client_cpu[1:])]
@@ -413,7 +415,7 @@ def main() -> int:
     p.add_argument("--python_api", default="auto", choices=["auto", "writer", "actor_client"])
     p.add_argument("--python_startup_seconds", type=float, default=2.0)
     p.add_argument("--reverb_python", type=Path, default=Path("/tmp/reverb-venv/bin/python"))
-    p.add_argument("--reverb_startup_seconds", type=float, default=6.0, help="TensorFlow import in the clients")
+    p.add_argument("--reverb_startup_seconds", type=float, default=12.0, help="TensorFlow import in the clients")
     p.add_argument("--replay_transitions", type=int, default=1 << 20)
     p.add_argument("--table", type=Path, help="also write the markdown table here")
     p.add_argument("--n_step", type=int, default=3, help="the h200 config's returns.n_step")
