@@ -204,10 +204,14 @@ class Writer:
         waits (its next state is not bootstrapped from: the step's own obs
         stands in). terminated and truncated both true is terminated.
 
+        With block=True a call that fills the buffer returns once it went
+        out, waiting for a slot while max_in_flight batches are in flight.
+
         Raises ValueError (naming the argument) for a truncated step without
         next_obs, shapes that do not fit, or an env id twice in one call
         without next_obs; Backpressure (block=False) when the rows do not fit
-        in the buffer and the window is full, without applying any of them;
+        in the buffer and the window is full, without applying any of them
+        (a full buffer then goes out, by the sender thread, once a slot frees);
         BatchRejected for an earlier batch the daemon rejected (this step is
         then not added); StreamError/AuthError when the stream is unusable.
         """
@@ -476,13 +480,16 @@ class Writer:
             w += m
 
     def _after_append_locked(self, now: float) -> None:
-        """Sends a full or overdue buffer when a slot is free; otherwise makes
-        sure the sender thread wakes when it is due."""
+        """Sends a full or overdue buffer when a slot is free (a full one
+        after waiting for a slot, with block=True: no thread hand-off on the
+        common path); otherwise makes sure the sender thread wakes when it
+        is due."""
         if not self._n:
             return
-        due = self._n == self.max_batch or (self.max_delay is not None and now - self._oldest >= self.max_delay)
-        if due and self._stream.has_room_locked():
-            self._send_buffer_locked()
+        full = self._n == self.max_batch
+        due = full or (self.max_delay is not None and now - self._oldest >= self.max_delay)
+        if due and (self._stream.has_room_locked() or (full and self.block)):
+            self._send_when_room_locked(None)
             return
         if self._sender_wants_room:
             return  # the next ack wakes it

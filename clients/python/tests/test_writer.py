@@ -141,15 +141,14 @@ def test_backpressure_raises_or_blocks_while_a_paused_learner_holds_inserts(star
 
         # A blocking writer on another stream waits instead.
         b = Writer(d.grpc, obs_dim=OBS_DIM, num_branches=1, max_batch=10, max_in_flight=1, max_delay=None)
-        terminal_steps(b, rng, 10)  # in flight
-        terminal_steps(b, rng, 10)  # buffered
+        terminal_steps(b, rng, 10)  # in flight: the window is full
         blocked_done = threading.Event()
 
-        def third():
-            terminal_steps(b, rng, 10)
+        def second():
+            terminal_steps(b, rng, 10)  # a full buffer waits for a slot
             blocked_done.set()
 
-        t = threading.Thread(target=third)
+        t = threading.Thread(target=second)
         t.start()
         assert not blocked_done.wait(0.5)
 
@@ -157,5 +156,5 @@ def test_backpressure_raises_or_blocks_while_a_paused_learner_holds_inserts(star
         assert blocked_done.wait(30)
         t.join()
         assert w.close() == 90
-        assert b.close() == 30
-    assert d.status().transitions_ingested == 120
+        assert b.close() == 20
+    assert d.status().transitions_ingested == 110

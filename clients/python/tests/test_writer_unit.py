@@ -265,21 +265,20 @@ def test_backpressure_raises_when_the_window_is_full_and_applies_nothing(fake):
 def test_blocking_append_waits_for_a_free_slot(fake):
     fake.hold()
     w = writer(fake, max_batch=1, max_in_flight=1)
-    terminal_steps(w, [1])  # in flight
-    terminal_steps(w, [2])  # buffered: the buffer is full, the window too
+    terminal_steps(w, [1])  # in flight: the window is full
     done = threading.Event()
 
-    def third():
-        terminal_steps(w, [3])
+    def second():
+        terminal_steps(w, [2])  # fills the buffer, which must wait for a slot
         done.set()
 
-    t = threading.Thread(target=third)
+    t = threading.Thread(target=second)
     t.start()
     assert not done.wait(0.3)  # blocked on the window
     fake.release()
     assert done.wait(10)
     t.join()
-    assert w.close() == 3
+    assert w.close() == 2
 
 
 def test_send_goes_out_after_the_buffered_rows(fake):
