@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from qstream.channel import PathLike
-from qstream.writer import Writer
 from qstream.policy import PolicyWatcher
+from qstream.writer import Writer
 
 
 @dataclass
