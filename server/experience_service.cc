@@ -33,7 +33,7 @@ grpc::Status NotInserted(const absl::Status& status, const std::string& what) {
 }  // namespace
 
 // Owns itself (self_) from Begin until OnDone; the session's callbacks hold
-// it too, so an outcome arriving on the learner thread never finds it gone.
+// it too, so an outcome arriving on a learner callback thread never finds it gone.
 class ExperienceService::StreamReactor final : public Reactor,
                                                public std::enable_shared_from_this<StreamReactor> {
  public:
@@ -198,7 +198,7 @@ class ExperienceService::StreamReactor final : public Reactor,
     });
   }
 
-  // Runs inline in Submit or on the learner thread.
+  // Runs inline in Submit or on a learner callback thread.
   void OnOutcome(IngestOutcome outcome, int64_t lag) ABSL_LOCKS_EXCLUDED(mu_) {
     if (!outcome.status.ok()) {
       End(NotInserted(outcome.status, absl::StrCat("batch ", ack_.sequence())));

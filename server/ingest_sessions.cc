@@ -318,7 +318,7 @@ std::optional<IngestSessions::Finished> IngestSessions::Process(const std::share
     }
   }
   const int64_t n = columns.n;
-  // Commits the sequence and the windows on the learner thread, right after
+  // Commits the sequence and the windows in the insert callback, right after
   // the insert (or drops them when it failed), then runs the record's next
   // work item.
   auto on_inserted = [this, r, flush, sequence, n, delta = std::move(delta), window_bytes,

@@ -3,9 +3,10 @@
 // committed sequence and the per-env n-step windows (KIND_STEP). A stream
 // reactor only translates wire messages into calls here; the session decides
 // what is new, a duplicate or must wait, builds the replay columns, hands
-// them to the Learner and commits the sequence and the windows together with
-// the insert, on the learner thread (so a checkpoint snapshot taken on that
-// thread is a consistent cut of replay + sessions).
+// them to the Learner and commits the sequence and the windows in the
+// insert's callback (the learner runs every such callback of the batches in
+// the replay before it takes a checkpoint snapshot, so a snapshot is a
+// consistent cut of replay + sessions).
 //
 // The contract it implements is written in proto/qstream/v1/experience.proto.
 // Per session, batches are processed one at a time in arrival order: a batch
@@ -94,8 +95,8 @@ class IngestSessions {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Submits a validated batch (ValidateBatch's columns). `done` runs exactly
-  // once: inline for a duplicate or a session-level rejection, else on the
-  // learner thread once the batch is committed (or failed). `done` must not
+  // once: inline for a duplicate or a session-level rejection, else on a
+  // learner callback thread once the batch is committed (or failed). `done` must not
   // block. A stream submits its next batch only after `done` ran.
   void Submit(const std::shared_ptr<IngestSession>& session, IncomingBatch batch, Done done)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -92,6 +92,15 @@ class Backend {
   // Appends to the replay ring at max priority. Columns must match the spec
   // (validated by the caller; an inconsistent batch returns InvalidArgument).
   virtual absl::Status Insert(const TransitionColumns& batch) = 0;
+  // Inserts `batches` in order; (*statuses)[i] is batch i's outcome. The
+  // learner hands over every batch gathered between two steps at once, so a
+  // backend can pack them into one upload (the CUDA replay does); this
+  // default inserts them one by one.
+  virtual void InsertMany(const std::vector<const TransitionColumns*>& batches,
+                          std::vector<absl::Status>* statuses) {
+    statuses->clear();
+    for (const TransitionColumns* b : batches) statuses->push_back(Insert(*b));
+  }
   virtual int64_t replay_size() const = 0;
   virtual int64_t replay_capacity() const = 0;
 

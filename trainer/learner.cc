@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -93,6 +94,15 @@ namespace {
 
 constexpr char kPolicyVersionFile[] = ".policy_version";
 
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Exponential moving average (the first sample sets it).
+void Average(double* average, double sample) {
+  *average = *average <= 0 ? sample : 0.9 * *average + 0.1 * sample;
+}
+
 // The high-water mark left by an earlier process (-1 when none).
 int64_t ReadPolicyVersionMark(int fd) {
   char buf[32] = {};
@@ -120,6 +130,7 @@ void Learner::Stop() {
     thread = std::move(thread_);
   }
   if (thread.joinable()) thread.join();
+  callbacks_.WaitIdle();  // every insert callback has run when Stop returns
   // A checkpoint being written finishes before Stop returns.
   if (checkpointer_ != nullptr) checkpointer_->WaitIdle();
   if (started) {
@@ -142,6 +153,7 @@ void Learner::Stop() {
     batches.swap(pending_);
   }
   InsertBatches(&batches);
+  callbacks_.WaitIdle();
 }
 
 void Learner::Enqueue(TransitionColumns batch, InsertDone done) {
@@ -200,7 +212,8 @@ absl::Status Learner::Restore(const CheckpointData& data) {
   const v1::CheckpointManifest& m = data.manifest;
   std::vector<std::string> differences;
   if (absl::Status st = CheckCompatible(m.config(), config_, &differences); !st.ok()) return st;
-  for (const std::string& d : differences) std::fprintf(stderr, "qstreamd: restore: config differs: %s\n", d.c_str());
+  for (const std::string& d : differences)
+    std::fprintf(stderr, "qstreamd: restore: config differs: %s\n", d.c_str());
   if (absl::Status st = backend_->LoadState(data.state, StateParts::kAll); !st.ok()) return st;
   const bool replay = data.state.has_replay;
   limiter_.Restore(replay ? m.rate_limiter().inserts() : 0, replay ? m.rate_limiter().samples() : 0);
@@ -240,6 +253,9 @@ void Learner::RequestCheckpoint(const std::string& name, CheckpointDone done) {
 }
 
 absl::StatusOr<CheckpointData> Learner::Snapshot() {
+  // Every batch in the replay has its callback (the session's commit) run:
+  // replay and sessions are one cut.
+  callbacks_.WaitIdle();
   CheckpointData data;
   if (absl::Status st = backend_->SaveState(config_.checkpoint().include_replay(), &data.state); !st.ok()) {
     return st;
@@ -309,7 +325,8 @@ void Learner::MaybeCheckpoint(int64_t steps) {
   }
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<CheckpointData> data = Snapshot();
-  const double snapshot_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double snapshot_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!data.ok()) {
     checkpointer_->RecordSnapshotFailure(data.status());
     std::fprintf(stderr, "qstreamd: checkpoint snapshot failed: %s\n", data.status().ToString().c_str());
@@ -331,16 +348,16 @@ void Learner::MaybeCheckpoint(int64_t steps) {
     RestartCheckpointTimerLocked();
   }
   const std::string name = request.name.empty() ? AutoCheckpointName(step) : request.name;
-  checkpointer_->Write(name, *std::move(data), snapshot_seconds,
-                       [this, network, done = std::move(request.done)](
-                           const absl::StatusOr<CheckpointWriteResult>& result) {
-                         {
-                           absl::MutexLock lock(&mu_);
-                           writing_checkpoint_ = false;
-                           if (result.ok() && network != nullptr) good_network_ = network;
-                         }
-                         if (done) done(result);
-                       });
+  checkpointer_->Write(
+      name, *std::move(data), snapshot_seconds,
+      [this, network, done = std::move(request.done)](const absl::StatusOr<CheckpointWriteResult>& result) {
+        {
+          absl::MutexLock lock(&mu_);
+          writing_checkpoint_ = false;
+          if (result.ok() && network != nullptr) good_network_ = network;
+        }
+        if (done) done(result);
+      });
 }
 
 absl::Status Learner::WriteFinalCheckpoint() {
@@ -367,7 +384,8 @@ absl::Status Learner::WriteFinalCheckpoint() {
     checkpointer_->RecordSnapshotFailure(data.status());
     return data.status();
   }
-  const double snapshot_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double snapshot_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t step = data->state.steps;
   absl::Status written;
   checkpointer_->Write(AutoCheckpointName(step), *std::move(data), snapshot_seconds,
@@ -398,7 +416,7 @@ void Learner::HandleRepeatedTrips(const StepStats& stats, int64_t steps) {
     } else {
       why = absl::StrCat("guard: ", stats.consecutive_trips, " consecutive tripped steps (last reason ",
                          GuardReasonName(stats.guard), ")",
-                         !rollback_wanted           ? ""
+                         !rollback_wanted          ? ""
                          : tripping_since_rollback ? "; still tripping after a rollback"
                                                    : "; no checkpoint from before the trips to roll back to");
     }
@@ -406,8 +424,10 @@ void Learner::HandleRepeatedTrips(const StepStats& stats, int64_t steps) {
   if (good != nullptr) {
     absl::Status st = backend_->LoadState(good->state, StateParts::kNetwork);
     if (st.ok()) {
-      std::fprintf(stderr, "qstreamd: guard: %lld consecutive tripped steps; rolled back to the network of step %lld\n",
-                   static_cast<long long>(stats.consecutive_trips), static_cast<long long>(good->step));
+      std::fprintf(
+          stderr,
+          "qstreamd: guard: %lld consecutive tripped steps; rolled back to the network of step %lld\n",
+          static_cast<long long>(stats.consecutive_trips), static_cast<long long>(good->step));
       {
         absl::MutexLock lock(&mu_);
         rollback_step_ = steps;
@@ -429,7 +449,6 @@ void Learner::HandleRepeatedTrips(const StepStats& stats, int64_t steps) {
   }
   if (halt_listener_) halt_listener_(true);
 }
-
 
 LearnerStatus Learner::status() const {
   LearnerStatus s;
@@ -518,22 +537,50 @@ void Learner::PublishVersion(int64_t version) {
 
 // The rate limiter already counted these batches when they were taken; a
 // batch the backend rejects (inconsistent columns, which ingest validation
-// rules out) stays counted, and its callback gets the error.
+// rules out) stays counted, and its callback gets the error. All of them go
+// to the backend in one call (one upload on the CUDA backend) and their
+// callbacks to the callback threads in one hand-off.
 void Learner::InsertBatches(std::deque<Pending>* batches) {
-  for (Pending& p : *batches) {
-    absl::Status s = backend_->Insert(p.batch);
-    const int64_t size = backend_->replay_size();
-    {
-      absl::MutexLock lock(&mu_);
-      status_.replay_size = size;
-      if (s.ok()) {
-        status_.transitions_inserted += p.batch.n;
-        status_.batches_inserted += 1;
-      }
+  if (batches->empty()) return;
+  std::vector<const TransitionColumns*> columns;
+  columns.reserve(batches->size());
+  for (const Pending& p : *batches) columns.push_back(&p.batch);
+  std::vector<absl::Status> statuses;
+  const int64_t size_before = backend_->replay_size();
+  const int64_t capacity = backend_->replay_capacity();
+  backend_->InsertMany(columns, &statuses);
+  const int64_t size = backend_->replay_size();
+  int64_t inserted = 0;
+  int64_t inserted_batches = 0;
+  std::vector<std::function<void()>> callbacks;
+  callbacks.reserve(batches->size());
+  for (size_t i = 0; i < batches->size(); ++i) {
+    Pending& p = (*batches)[i];
+    if (statuses[i].ok()) {
+      inserted += p.batch.n;
+      ++inserted_batches;
     }
-    if (p.done) p.done(s, size);
+    if (p.done) {
+      // The replay size right after this batch, as if they went in one by one.
+      const int64_t after = std::min(capacity, size_before + inserted);
+      callbacks.push_back([done = std::move(p.done), status = std::move(statuses[i]), after]() mutable {
+        done(std::move(status), after);
+      });
+    }
   }
-  batches->clear();
+  batches->clear();  // the columns are in the replay; free them here, not on the callback threads
+  {
+    absl::MutexLock lock(&mu_);
+    status_.replay_size = size;
+    status_.transitions_inserted += inserted;
+    status_.batches_inserted += inserted_batches;
+  }
+  callbacks_.Post(std::move(callbacks));
+}
+
+int64_t Learner::InsertRoundRows() const {
+  if (step_seconds_ <= 0 || insert_seconds_per_row_ <= 0) return std::numeric_limits<int64_t>::max();
+  return std::max<int64_t>(1, static_cast<int64_t>(step_seconds_ / insert_seconds_per_row_));
 }
 
 void Learner::RefreshStats(int64_t steps) {
@@ -596,14 +643,20 @@ void Learner::Run() {
           batches.swap(pending_);
           stopping = true;
         } else {
+          step = !paused_ && can_sample;
           // Reserve inserts batch by batch: a batch is admitted while the
-          // limiter allows one more (it may overshoot by itself).
-          while (!pending_.empty() && limiter_.CanInsert()) {
+          // limiter allows one more (it may overshoot by itself). Inserts and
+          // steps interleave: when a step follows, this round takes only as
+          // many rows as the inserts move in the time of one step (at least
+          // one batch), so ingest gets at most about half of this thread.
+          const int64_t budget = step ? InsertRoundRows() : std::numeric_limits<int64_t>::max();
+          int64_t rows = 0;
+          while (!pending_.empty() && limiter_.CanInsert() && (batches.empty() || rows < budget)) {
+            rows += pending_.front().batch.n;
             limiter_.Inserted(pending_.front().batch.n);
             batches.push_back(std::move(pending_.front()));
             pending_.pop_front();
           }
-          step = !paused_ && can_sample;
         }
         status_.sample_blocked = !paused_ && !can_sample;
         status_.insert_blocked = !pending_.empty();
@@ -630,14 +683,21 @@ void Learner::Run() {
     }
 
     if (!batches.empty()) {
+      int64_t rows = 0;
+      for (const Pending& p : batches) rows += p.batch.n;
+      const auto started = std::chrono::steady_clock::now();
       InsertBatches(&batches);
+      Average(&insert_seconds_per_row_,
+              SecondsSince(started) / static_cast<double>(std::max<int64_t>(rows, 1)));
       replay_size = backend_->replay_size();
       // Inserts may have made sampling possible; re-evaluate before stepping.
-      continue;
+      if (!step) continue;
     }
     if (!step) continue;
 
+    const auto step_started = std::chrono::steady_clock::now();
     absl::Status s = backend_->Step();
+    Average(&step_seconds_, SecondsSince(step_started));
     if (!s.ok()) {
       // A failing backend halts training (Resume retries) instead of spinning.
       std::fprintf(stderr, "qstream learner: step failed, pausing: %s\n", s.ToString().c_str());

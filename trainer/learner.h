@@ -39,6 +39,7 @@
 #include "absl/time/time.h"
 #include "qstream/v1/config.pb.h"
 #include "trainer/backend.h"
+#include "trainer/callback_runner.h"
 #include "trainer/checkpoint.h"
 #include "trainer/checkpointer.h"
 #include "trainer/rate_limiter.h"
@@ -126,9 +127,12 @@ class Learner {
   void SetHaltListener(HaltListener listener);
 
   // Queues a batch; `done` runs once it is in the replay (OK) or when the
-  // learner is stopped before it could be (Cancelled). Runs on the learner
-  // thread or inside Enqueue/Stop, outside the learner's locks; it must not
-  // block (it may Enqueue again).
+  // learner is stopped before it could be (Cancelled). It runs on one of the
+  // learner's callback threads (the learner thread hands over the callbacks
+  // of every batch of an insert round at once and goes on stepping), or
+  // inside Enqueue once stopped; always outside the learner's locks, and
+  // always before the next checkpoint snapshot and before Stop returns. It
+  // must not block (it may Enqueue again).
   void Enqueue(TransitionColumns batch, InsertDone done);
 
   // Pause returns once no step is in flight; not to be called from a listener.
@@ -158,7 +162,9 @@ class Learner {
   struct Pending;
   void Run();
   void Publish() ABSL_LOCKS_EXCLUDED(mu_);
-  // Moves batches into the backend and runs their callbacks (caller owns the backend).
+  // Rows an insert round may take before a step (see Run).
+  int64_t InsertRoundRows() const;
+  // Moves batches into the backend and hands their callbacks to callbacks_ (caller owns the backend).
   void InsertBatches(std::deque<Pending>* batches) ABSL_LOCKS_EXCLUDED(mu_);
   // Copies the backend's statistics and step-time windows into
   // status_/step_times_, unless already done at this step count.
@@ -189,6 +195,12 @@ class Learner {
     InsertDone done;
   };
   int64_t refreshed_at_step_ = -1;  // learner thread only
+  // Learner thread only: moving averages of one Step()'s wall time and of an
+  // insert round's wall time per row.
+  double step_seconds_ = 0;
+  double insert_seconds_per_row_ = 0;
+  // Runs the insert callbacks off the learner thread.
+  CallbackRunner callbacks_{CallbackRunner::DefaultThreads()};
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
@@ -211,8 +223,8 @@ class Learner {
   SnapshotHook snapshot_hook_;
   std::deque<CheckpointRequest> checkpoint_requests_ ABSL_GUARDED_BY(mu_);
   bool writing_checkpoint_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t checkpoint_step_ ABSL_GUARDED_BY(mu_) = -1;         // step of the newest snapshot handed over
-  int64_t checkpoint_inserts_ ABSL_GUARDED_BY(mu_) = -1;      // batches_inserted at that snapshot
+  int64_t checkpoint_step_ ABSL_GUARDED_BY(mu_) = -1;     // step of the newest snapshot handed over
+  int64_t checkpoint_inserts_ ABSL_GUARDED_BY(mu_) = -1;  // batches_inserted at that snapshot
   absl::Time next_checkpoint_time_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::shared_ptr<const GoodNetwork> good_network_ ABSL_GUARDED_BY(mu_);
   int64_t rollback_step_ ABSL_GUARDED_BY(mu_) = -1;  // step of the last rollback

@@ -62,7 +62,8 @@ TransitionColumns RandomTransitions(const v1::TrainerConfig& c, int64_t n, uint6
   for (int64_t i = 0; i < n; i += 10) t.discounts[i] = 0.0f;
   t.actions.resize(n * t.num_branches);
   for (int64_t i = 0; i < n; ++i) {
-    for (int br = 0; br < t.num_branches; ++br) t.actions[i * t.num_branches + br] = int32_t(rng() % c.network().branch_actions(br));
+    for (int br = 0; br < t.num_branches; ++br)
+      t.actions[i * t.num_branches + br] = int32_t(rng() % c.network().branch_actions(br));
   }
   return t;
 }
@@ -89,7 +90,8 @@ void ExpectStatsNear(const StepStats& got, const StepStats& want, double tol, in
   EXPECT_EQ(got.step, want.step) << "step " << step;
   EXPECT_EQ(got.guard, want.guard) << "step " << step;
   auto near = [&](float g, float w, const char* what) {
-    EXPECT_LE(std::fabs(double(g) - w), tol * std::max(1.0, std::fabs(double(w)))) << what << " step " << step;
+    EXPECT_LE(std::fabs(double(g) - w), tol * std::max(1.0, std::fabs(double(w))))
+        << what << " step " << step;
   };
   near(got.loss, want.loss, "loss");
   near(got.grad_norm, want.grad_norm, "grad_norm");
@@ -297,6 +299,49 @@ TEST(CudaBackend, RejectsEmptyReplayAndBadBatches) {
   t.rewards.pop_back();
   EXPECT_EQ(b->Insert(t).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(b->replay_size(), 0);
+}
+
+// Batches handed over together (the learner's insert rounds) are packed into
+// the staging buffers across batch boundaries: the ring ends up exactly as
+// after inserting them one by one on the CPU backend, an invalid batch in
+// the middle is left out with its own error, and a batch larger than the
+// ring keeps its last `capacity` rows.
+TEST(CudaBackend, InsertManyPacksBatchesLikeOneByOneInserts) {
+  QS_SKIP_WITHOUT_GPU();
+  const v1::TrainerConfig c = TestConfig(v1::TrainerConfig::FP32);
+  std::mt19937_64 rng(std::random_device{}());
+  for (int round = 0; round < 3; ++round) {
+    auto cpu = MustCreate(c, false);
+    auto gpu = MustCreate(c, true);
+    ASSERT_TRUE(cpu && gpu);
+    std::vector<TransitionColumns> batches;
+    for (int i = 0; i < 12; ++i) {
+      const int64_t n = i == 5 ? 1700 : 1 + static_cast<int64_t>(rng() % (i % 3 == 0 ? 400 : 20));
+      batches.push_back(RandomTransitions(c, n, rng()));
+    }
+    batches[7].actions[0] = 9;  // out of range for branch 0
+    std::vector<const TransitionColumns*> ptrs;
+    for (const TransitionColumns& b : batches) ptrs.push_back(&b);
+    std::vector<absl::Status> statuses;
+    gpu->InsertMany(ptrs, &statuses);
+    ASSERT_EQ(statuses.size(), batches.size());
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const absl::Status want = cpu->Insert(batches[i]);
+      EXPECT_EQ(statuses[i].code(), want.code()) << i << ": " << statuses[i];
+    }
+    EXPECT_EQ(statuses[7].code(), absl::StatusCode::kInvalidArgument);
+    BackendState cpu_state, gpu_state;
+    ASSERT_TRUE(cpu->SaveState(true, &cpu_state).ok());
+    ASSERT_TRUE(gpu->SaveState(true, &gpu_state).ok());
+    EXPECT_EQ(gpu_state.replay.size, cpu_state.replay.size);
+    EXPECT_EQ(gpu_state.replay.cursor, cpu_state.replay.cursor);
+    EXPECT_EQ(gpu_state.replay.rows.obs, cpu_state.replay.rows.obs);
+    EXPECT_EQ(gpu_state.replay.rows.next_obs, cpu_state.replay.rows.next_obs);
+    EXPECT_EQ(gpu_state.replay.rows.actions, cpu_state.replay.rows.actions);
+    EXPECT_EQ(gpu_state.replay.rows.rewards, cpu_state.replay.rows.rewards);
+    EXPECT_EQ(gpu_state.replay.rows.discounts, cpu_state.replay.rows.discounts);
+    EXPECT_EQ(gpu_state.replay.priorities, cpu_state.replay.priorities);
+  }
 }
 
 // The h200 network (256-wide, where the automatic choice is cuBLASLt) on

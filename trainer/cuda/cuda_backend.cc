@@ -67,10 +67,14 @@ struct Activations {
     trunk_mask.resize(spec.trunk.size());
     for (size_t k = 0; k < spec.trunk.size(); ++k) {
       if (auto s = trunk[k].Allocate(rb * spec.trunk[k].out); !s.ok()) return s;
-      if (auto s = trunk_mask[k].Allocate(cuda::ReluMask::Bytes(spec.trunk[k].out, n) * num_batches); !s.ok()) return s;
+      if (auto s = trunk_mask[k].Allocate(cuda::ReluMask::Bytes(spec.trunk[k].out, n) * num_batches); !s.ok())
+        return s;
     }
-    if (auto s = value_hidden_mask.Allocate(cuda::ReluMask::Bytes(spec.head_hidden, n) * num_batches); !s.ok()) return s;
-    if (auto s = adv_hidden_mask.Allocate(cuda::ReluMask::Bytes(spec.head_hidden, n) * num_batches); !s.ok()) return s;
+    if (auto s = value_hidden_mask.Allocate(cuda::ReluMask::Bytes(spec.head_hidden, n) * num_batches);
+        !s.ok())
+      return s;
+    if (auto s = adv_hidden_mask.Allocate(cuda::ReluMask::Bytes(spec.head_hidden, n) * num_batches); !s.ok())
+      return s;
     if (auto s = value_hidden.Allocate(rb * spec.head_hidden); !s.ok()) return s;
     if (auto s = value.Allocate(rb * spec.num_atoms); !s.ok()) return s;
     if (auto s = adv_hidden.Allocate(rb * spec.head_hidden); !s.ok()) return s;
@@ -91,6 +95,15 @@ class CudaBackend final : public Backend {
     // An upload between replays is not step time: the window ends before it.
     QS_RETURN_IF_ERROR(step_times_.Close());
     return replay_->Insert(batch);
+  }
+  void InsertMany(const std::vector<const TransitionColumns*>& batches,
+                  std::vector<absl::Status>* statuses) override {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = step_times_.Close(); !s.ok()) {
+      statuses->assign(batches.size(), s);
+      return;
+    }
+    replay_->InsertMany(batches, statuses);
   }
   int64_t replay_size() const override {
     absl::MutexLock lock(&mu_);
@@ -129,7 +142,8 @@ class CudaBackend final : public Backend {
   absl::Status EnqueueStep();
   // batches == 2: the online pass on `x` and the target pass on x + x_stride,
   // as strided-batch GEMMs (the target parameters follow the online ones).
-  absl::Status EnqueueForward(const float* params, const float* x, int64_t x_stride, int batches, Activations* acts);
+  absl::Status EnqueueForward(const float* params, const float* x, int64_t x_stride, int batches,
+                              Activations* acts);
   float* params() const { return net_params_.get(); }
   float* target() const { return net_params_.get() + target_offset_; }
   absl::Status EnqueueBackward();
@@ -223,8 +237,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const v1::TrainerCo
         absl::StrCat("network.num_atoms: the CUDA backend supports at most ", kernels::kMaxAtoms));
   }
   if (spec->num_branches() > kernels::kMaxBranches) {
-    return absl::UnimplementedError(
-        absl::StrCat("network.branch_actions: the CUDA backend supports at most ", kernels::kMaxBranches, " branches"));
+    return absl::UnimplementedError(absl::StrCat("network.branch_actions: the CUDA backend supports at most ",
+                                                 kernels::kMaxBranches, " branches"));
   }
   std::unique_ptr<CudaBackend> b(new CudaBackend(config, *std::move(spec)));
   QS_RETURN_IF_ERROR(b->Init());
@@ -234,7 +248,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const v1::TrainerCo
 absl::Status CudaBackend::Init() {
   const int B = B_;
   if (B < 1) return absl::InvalidArgumentError("replay.batch_size: must be >= 1");
-  if (kernels::C51LossSharedBytes(head_) > kSharedBytesLimit || sizeof(int32_t) * size_t(B) > kSharedBytesLimit) {
+  if (kernels::C51LossSharedBytes(head_) > kSharedBytesLimit ||
+      sizeof(int32_t) * size_t(B) > kSharedBytesLimit) {
     return absl::UnimplementedError("network/batch too large for the CUDA loss kernels' shared memory");
   }
   int dev = 0;
@@ -250,8 +265,9 @@ absl::Status CudaBackend::Init() {
   QS_CUDA_CHECK(cudaMemcpy(state_.get(), &initial, sizeof(initial), cudaMemcpyHostToDevice));
 
   const int64_t capacity = config_.replay().capacity();
-  auto replay = cuda::DeviceReplay::Create(spec_, capacity, config_.server().max_batch_transitions(), stream_.get(),
-                                           state_.get());
+  // Staging holds several batches: the learner packs what it gathered between two steps into one upload.
+  const int64_t staging_rows = std::max<int64_t>(config_.server().max_batch_transitions(), 8192);
+  auto replay = cuda::DeviceReplay::Create(spec_, capacity, staging_rows, stream_.get(), state_.get());
   if (!replay.ok()) return replay.status();
   replay_ = *std::move(replay);
 
@@ -279,7 +295,8 @@ absl::Status CudaBackend::Init() {
   QS_RETURN_IF_ERROR(d_value_hidden_.Allocate(size_t(B) * spec_.head_hidden));
   QS_RETURN_IF_ERROR(d_adv_hidden_.Allocate(size_t(B) * spec_.head_hidden));
   d_trunk_.resize(spec_.trunk.size());
-  for (size_t k = 0; k < spec_.trunk.size(); ++k) QS_RETURN_IF_ERROR(d_trunk_[k].Allocate(size_t(B) * spec_.trunk[k].out));
+  for (size_t k = 0; k < spec_.trunk.size(); ++k)
+    QS_RETURN_IF_ERROR(d_trunk_[k].Allocate(size_t(B) * spec_.trunk[k].out));
   static_assert(kernels::kMaxGradTiles <= kernels::kNormBlocks,
                 "weight-gradient tiles write the norm partials");
   QS_RETURN_IF_ERROR(norm_partials_.Allocate(kernels::kNormBlocks));
@@ -536,7 +553,8 @@ absl::Status CudaBackend::EnqueueForward(const float* params, const float* x, in
       if (fused_epilogues_) {
         cuda::ReluMask mb = m;
         if (mb.bits != nullptr) mb.bits = static_cast<char*>(mb.bits) + b * (mb.ld / 8) * rows;
-        QS_RETURN_IF_ERROR(gemm_.Forward(ib, pb + l.w_offset, pb + l.b_offset, rows, l.in, l.out, relu, mb, ob));
+        QS_RETURN_IF_ERROR(
+            gemm_.Forward(ib, pb + l.w_offset, pb + l.b_offset, rows, l.in, l.out, relu, mb, ob));
       } else {
         QS_RETURN_IF_ERROR(gemm_.Forward(ib, pb + l.w_offset, nullptr, rows, l.in, l.out, false, {}, ob));
         QS_CUDA_CHECK(kernels::LaunchBiasActivation({ob, rows, l.out}, pb + l.b_offset, relu, s));
@@ -548,14 +566,18 @@ absl::Status CudaBackend::EnqueueForward(const float* params, const float* x, in
   const float* in = x;
   int64_t in_stride = x_stride;
   for (size_t k = 0; k < spec_.trunk.size(); ++k) {
-    QS_RETURN_IF_ERROR(linear(spec_.trunk[k], in, in_stride, acts->trunk[k].get(), true, acts->trunk_mask[k]));
+    QS_RETURN_IF_ERROR(
+        linear(spec_.trunk[k], in, in_stride, acts->trunk[k].get(), true, acts->trunk_mask[k]));
     in = acts->trunk[k].get();
     in_stride = acts->stride(spec_.trunk[k].out);
   }
   const int64_t head_stride = acts->stride(spec_.head_hidden);
-  QS_RETURN_IF_ERROR(linear(spec_.value_hidden, in, in_stride, acts->value_hidden.get(), true, acts->value_hidden_mask));
-  QS_RETURN_IF_ERROR(linear(spec_.value_out, acts->value_hidden.get(), head_stride, acts->value.get(), false, none));
-  QS_RETURN_IF_ERROR(linear(spec_.adv_hidden, in, in_stride, acts->adv_hidden.get(), true, acts->adv_hidden_mask));
+  QS_RETURN_IF_ERROR(
+      linear(spec_.value_hidden, in, in_stride, acts->value_hidden.get(), true, acts->value_hidden_mask));
+  QS_RETURN_IF_ERROR(
+      linear(spec_.value_out, acts->value_hidden.get(), head_stride, acts->value.get(), false, none));
+  QS_RETURN_IF_ERROR(
+      linear(spec_.adv_hidden, in, in_stride, acts->adv_hidden.get(), true, acts->adv_hidden_mask));
   return linear(spec_.adv_out, acts->adv_hidden.get(), head_stride, acts->adv.get(), false, none);
 }
 
@@ -576,32 +598,34 @@ absl::Status CudaBackend::EnqueueBackward() {
     if (fused) {
       QS_RETURN_IF_ERROR(gemm_.BackwardWeight(d_out, hidden_act, B, out_layer.in, out_layer.out,
                                               g + out_layer.b_offset, g + out_layer.w_offset));
-      QS_RETURN_IF_ERROR(gemm_.BackwardData(d_out, p + out_layer.w_offset, B, out_layer.in, out_layer.out, 0.0f,
-                                            Activations::Mask(hidden_mask, hidden_layer.out),
+      QS_RETURN_IF_ERROR(gemm_.BackwardData(d_out, p + out_layer.w_offset, B, out_layer.in, out_layer.out,
+                                            0.0f, Activations::Mask(hidden_mask, hidden_layer.out),
                                             g + hidden_layer.b_offset, d_hidden));
     } else {
       QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_out, B, out_layer.out}, nullptr,
                                                               g + out_layer.b_offset, s));
-      QS_RETURN_IF_ERROR(
-          gemm_.BackwardWeight(d_out, hidden_act, B, out_layer.in, out_layer.out, nullptr, g + out_layer.w_offset));
-      QS_RETURN_IF_ERROR(gemm_.BackwardData(d_out, p + out_layer.w_offset, B, out_layer.in, out_layer.out, 0.0f, {},
-                                            nullptr, d_hidden));
+      QS_RETURN_IF_ERROR(gemm_.BackwardWeight(d_out, hidden_act, B, out_layer.in, out_layer.out, nullptr,
+                                              g + out_layer.w_offset));
+      QS_RETURN_IF_ERROR(gemm_.BackwardData(d_out, p + out_layer.w_offset, B, out_layer.in, out_layer.out,
+                                            0.0f, {}, nullptr, d_hidden));
       QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_hidden, B, hidden_layer.out}, hidden_act,
                                                               g + hidden_layer.b_offset, s));
     }
     return gemm_.BackwardWeight(d_hidden, trunk_out, B, hidden_layer.in, hidden_layer.out, nullptr,
                                 g + hidden_layer.w_offset);
   };
-  QS_RETURN_IF_ERROR(head(spec_.adv_out, spec_.adv_hidden, d_adv_.get(), d_adv_hidden_.get(), acts_.adv_hidden.get(),
-                          acts_.adv_hidden_mask));
+  QS_RETURN_IF_ERROR(head(spec_.adv_out, spec_.adv_hidden, d_adv_.get(), d_adv_hidden_.get(),
+                          acts_.adv_hidden.get(), acts_.adv_hidden_mask));
   QS_RETURN_IF_ERROR(head(spec_.value_out, spec_.value_hidden, d_value_.get(), d_value_hidden_.get(),
                           acts_.value_hidden.get(), acts_.value_hidden_mask));
   // d trunk_out = dAH W_ah + dVH W_vh, then its mask and bias gradient.
   float* d_top = d_trunk_[k_last].get();
   const LinearView& ah = spec_.adv_hidden;
   const LinearView& vh = spec_.value_hidden;
-  QS_RETURN_IF_ERROR(gemm_.BackwardData(d_adv_hidden_.get(), p + ah.w_offset, B, ah.in, ah.out, 0.0f, {}, nullptr, d_top));
-  QS_RETURN_IF_ERROR(gemm_.BackwardData(d_value_hidden_.get(), p + vh.w_offset, B, vh.in, vh.out, 1.0f, {}, nullptr, d_top));
+  QS_RETURN_IF_ERROR(
+      gemm_.BackwardData(d_adv_hidden_.get(), p + ah.w_offset, B, ah.in, ah.out, 0.0f, {}, nullptr, d_top));
+  QS_RETURN_IF_ERROR(
+      gemm_.BackwardData(d_value_hidden_.get(), p + vh.w_offset, B, vh.in, vh.out, 1.0f, {}, nullptr, d_top));
   QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_top, B, spec_.trunk[k_last].out}, trunk_out,
                                                           g + spec_.trunk[k_last].b_offset, s));
   for (int k = k_last; k >= 0; --k) {
@@ -618,8 +642,8 @@ absl::Status CudaBackend::EnqueueBackward() {
                                             g + below.b_offset, d_below));
     } else {
       QS_RETURN_IF_ERROR(gemm_.BackwardData(dy, p + l.w_offset, B, l.in, l.out, 0.0f, {}, nullptr, d_below));
-      QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_below, B, below.out}, acts_.trunk[k - 1].get(),
-                                                              g + below.b_offset, s));
+      QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad(
+          {d_below, B, below.out}, acts_.trunk[k - 1].get(), g + below.b_offset, s));
     }
   }
   return absl::OkStatus();
@@ -696,7 +720,8 @@ std::vector<float> CudaBackend::GetParams() {
 
 absl::Status CudaBackend::SetParams(const std::vector<float>& values) {
   if (static_cast<int64_t>(values.size()) != spec_.num_params) {
-    return absl::InvalidArgumentError(absl::StrCat("params: ", values.size(), " values, network has ", spec_.num_params));
+    return absl::InvalidArgumentError(
+        absl::StrCat("params: ", values.size(), " values, network has ", spec_.num_params));
   }
   absl::MutexLock lock(&mu_);
   // Online and target both (a restore starts from equal networks); Adam moments kept.
@@ -720,8 +745,10 @@ absl::Status CudaBackend::SaveState(bool include_replay, BackendState* out) {
   cudaStream_t s = stream_.get();
   QS_CUDA_CHECK(cudaMemcpyAsync(out->params.data(), params(), n * sizeof(float), cudaMemcpyDeviceToHost, s));
   QS_CUDA_CHECK(cudaMemcpyAsync(out->target.data(), target(), n * sizeof(float), cudaMemcpyDeviceToHost, s));
-  QS_CUDA_CHECK(cudaMemcpyAsync(out->adam_m.data(), adam_m_.get(), n * sizeof(float), cudaMemcpyDeviceToHost, s));
-  QS_CUDA_CHECK(cudaMemcpyAsync(out->adam_v.data(), adam_v_.get(), n * sizeof(float), cudaMemcpyDeviceToHost, s));
+  QS_CUDA_CHECK(
+      cudaMemcpyAsync(out->adam_m.data(), adam_m_.get(), n * sizeof(float), cudaMemcpyDeviceToHost, s));
+  QS_CUDA_CHECK(
+      cudaMemcpyAsync(out->adam_v.data(), adam_v_.get(), n * sizeof(float), cudaMemcpyDeviceToHost, s));
   QS_CUDA_CHECK(cudaMemcpyAsync(&state, state_.get(), sizeof(state), cudaMemcpyDeviceToHost, s));
   QS_CUDA_CHECK(cudaStreamSynchronize(s));
   out->steps = state.t;
@@ -777,8 +804,10 @@ absl::Status CudaBackend::LoadState(const BackendState& in, StateParts parts) {
   }
   QS_CUDA_CHECK(cudaMemcpyAsync(params(), in.params.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
   QS_CUDA_CHECK(cudaMemcpyAsync(target(), in.target.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
-  QS_CUDA_CHECK(cudaMemcpyAsync(adam_m_.get(), in.adam_m.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
-  QS_CUDA_CHECK(cudaMemcpyAsync(adam_v_.get(), in.adam_v.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
+  QS_CUDA_CHECK(
+      cudaMemcpyAsync(adam_m_.get(), in.adam_m.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
+  QS_CUDA_CHECK(
+      cudaMemcpyAsync(adam_v_.get(), in.adam_v.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
   QS_CUDA_CHECK(cudaMemcpyAsync(state_.get(), &state, sizeof(state), cudaMemcpyHostToDevice, s));
   QS_CUDA_CHECK(cudaStreamSynchronize(s));
   return absl::OkStatus();

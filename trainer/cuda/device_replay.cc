@@ -15,14 +15,14 @@ absl::StatusOr<std::unique_ptr<DeviceReplay>> DeviceReplay::Create(const Network
   if (capacity <= 0 || capacity > (int64_t{1} << 31) - 1) {
     return absl::InvalidArgumentError(absl::StrCat("replay.capacity: ", capacity, " outside [1, 2^31)"));
   }
-  std::unique_ptr<DeviceReplay> r(new DeviceReplay(spec, capacity, std::clamp<int64_t>(staging_rows, 1, capacity),
-                                                   stream, state));
+  std::unique_ptr<DeviceReplay> r(
+      new DeviceReplay(spec, capacity, std::clamp<int64_t>(staging_rows, 1, capacity), stream, state));
   if (absl::Status s = r->Allocate(); !s.ok()) return s;
   return r;
 }
 
-DeviceReplay::DeviceReplay(const NetworkSpec& spec, int64_t capacity, int64_t staging_rows, cudaStream_t stream,
-                           kernels::DeviceState* state)
+DeviceReplay::DeviceReplay(const NetworkSpec& spec, int64_t capacity, int64_t staging_rows,
+                           cudaStream_t stream, kernels::DeviceState* state)
     : obs_dim_(spec.obs_dim),
       num_branches_(spec.num_branches()),
       branch_actions_(spec.branch_actions),
@@ -90,8 +90,8 @@ absl::Status DeviceReplay::Save(ReplayState* out) {
 
 absl::Status DeviceReplay::Load(const ReplayState& in) {
   if (in.capacity != capacity_) {
-    return absl::InvalidArgumentError(absl::StrCat("replay.capacity: state has ", in.capacity, ", this replay ",
-                                                   capacity_));
+    return absl::InvalidArgumentError(
+        absl::StrCat("replay.capacity: state has ", in.capacity, ", this replay ", capacity_));
   }
   const int64_t n = in.size;
   const int d = obs_dim_;
@@ -111,12 +111,11 @@ absl::Status DeviceReplay::Load(const ReplayState& in) {
   QS_RETURN_IF_ERROR(put(discounts_.get(), r.discounts.data(), sizeof(float) * n));
   QS_RETURN_IF_ERROR(put(priorities_.get(), in.priorities.data(), sizeof(float) * n));
   kernels::DeviceState state;
-  QS_RETURN_IF_ERROR(
-      [&]() -> absl::Status {
-        QS_CUDA_CHECK(cudaMemcpyAsync(&state, state_, sizeof(state), cudaMemcpyDeviceToHost, stream_));
-        QS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-        return absl::OkStatus();
-      }());
+  QS_RETURN_IF_ERROR([&]() -> absl::Status {
+    QS_CUDA_CHECK(cudaMemcpyAsync(&state, state_, sizeof(state), cudaMemcpyDeviceToHost, stream_));
+    QS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }());
   state.replay_size = n;
   state.replay_cursor = in.cursor;
   state.max_priority = in.max_priority;
@@ -142,44 +141,93 @@ kernels::ReplayColumns DeviceReplay::columns() const {
 }
 
 absl::Status DeviceReplay::Insert(const TransitionColumns& batch) {
-  if (auto st = CheckTransitionColumns(batch, obs_dim_, num_branches_, branch_actions_); !st.ok()) return st;
-  // Only the last `capacity` items of an oversized batch would survive.
-  const int64_t skip = std::max<int64_t>(0, batch.n - capacity_);
-  for (int64_t row = skip; row < batch.n; row += staging_rows_) {
-    if (absl::Status s = Upload(batch, row, std::min(staging_rows_, batch.n - row)); !s.ok()) return s;
-  }
-  return absl::OkStatus();
+  std::vector<absl::Status> statuses;
+  InsertMany({&batch}, &statuses);
+  return statuses[0];
 }
 
-absl::Status DeviceReplay::Upload(const TransitionColumns& batch, int64_t first_row, int64_t rows) {
+void DeviceReplay::InsertMany(const std::vector<const TransitionColumns*>& batches,
+                              std::vector<absl::Status>* statuses) {
+  statuses->assign(batches.size(), absl::OkStatus());
+  Staging* st = nullptr;
+  int64_t filled = 0;
+  size_t chunk_first = 0;  // first batch with rows in the staging buffer being filled
+  auto fail_from = [&](size_t first, const absl::Status& error) {
+    for (size_t j = first; j < batches.size(); ++j) (*statuses)[j] = error;
+  };
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const TransitionColumns& batch = *batches[i];
+    if (auto s = CheckTransitionColumns(batch, obs_dim_, num_branches_, branch_actions_); !s.ok()) {
+      (*statuses)[i] = s;
+      continue;
+    }
+    // Only the last `capacity` items of an oversized batch would survive.
+    int64_t row = std::max<int64_t>(0, batch.n - capacity_);
+    while (row < batch.n) {
+      if (st == nullptr) {
+        absl::StatusOr<Staging*> next = AcquireStaging();
+        if (!next.ok()) return fail_from(i, next.status());
+        st = *next;
+        chunk_first = i;
+      }
+      const int64_t rows = std::min(staging_rows_ - filled, batch.n - row);
+      Pack(batch, row, rows, st, filled);
+      filled += rows;
+      row += rows;
+      if (filled == staging_rows_) {
+        if (absl::Status s = Commit(st, filled); !s.ok()) return fail_from(chunk_first, s);
+        st = nullptr;
+        filled = 0;
+      }
+    }
+  }
+  if (st != nullptr && filled > 0) {
+    if (absl::Status s = Commit(st, filled); !s.ok()) fail_from(chunk_first, s);
+  }
+}
+
+absl::StatusOr<DeviceReplay::Staging*> DeviceReplay::AcquireStaging() {
   Staging& st = staging_[next_staging_];
   next_staging_ ^= 1;
   // The buffer's previous copies must have left it before it is refilled.
-  if (st.in_flight) QS_CUDA_CHECK(cudaEventSynchronize(st.copied.get()));
+  if (st.in_flight) {
+    QS_CUDA_CHECK(cudaEventSynchronize(st.copied.get()));
+    st.in_flight = false;
+  }
+  return &st;
+}
+
+void DeviceReplay::Pack(const TransitionColumns& batch, int64_t first_row, int64_t rows, Staging* st,
+                        int64_t at) const {
   const int d = obs_dim_;
   const int nb = num_branches_;
-  std::memcpy(st.obs.get(), &batch.obs[first_row * d], sizeof(float) * rows * d);
-  std::memcpy(st.next_obs.get(), &batch.next_obs[first_row * d], sizeof(float) * rows * d);
-  std::memcpy(st.actions.get(), &batch.actions[first_row * nb], sizeof(int32_t) * rows * nb);
-  std::memcpy(st.rewards.get(), &batch.rewards[first_row], sizeof(float) * rows);
-  std::memcpy(st.discounts.get(), &batch.discounts[first_row], sizeof(float) * rows);
+  std::memcpy(st->obs.get() + at * d, &batch.obs[first_row * d], sizeof(float) * rows * d);
+  std::memcpy(st->next_obs.get() + at * d, &batch.next_obs[first_row * d], sizeof(float) * rows * d);
+  std::memcpy(st->actions.get() + at * nb, &batch.actions[first_row * nb], sizeof(int32_t) * rows * nb);
+  std::memcpy(st->rewards.get() + at, &batch.rewards[first_row], sizeof(float) * rows);
+  std::memcpy(st->discounts.get() + at, &batch.discounts[first_row], sizeof(float) * rows);
+}
 
+absl::Status DeviceReplay::Commit(Staging* staging, int64_t rows) {
+  Staging& st = *staging;
+  const int d = obs_dim_;
+  const int nb = num_branches_;
   const int64_t first_slot = cursor_;
   // The ring wraps at most once per upload (rows <= capacity).
   const int64_t head = std::min(rows, capacity_ - first_slot);
   const int64_t tail = rows - head;
   auto copy = [&](int64_t src_row, int64_t dst_slot, int64_t count) -> absl::Status {
     if (count == 0) return absl::OkStatus();
-    QS_CUDA_CHECK(cudaMemcpyAsync(obs_.get() + dst_slot * d, st.obs.get() + src_row * d, sizeof(float) * count * d,
-                                  cudaMemcpyHostToDevice, stream_));
+    QS_CUDA_CHECK(cudaMemcpyAsync(obs_.get() + dst_slot * d, st.obs.get() + src_row * d,
+                                  sizeof(float) * count * d, cudaMemcpyHostToDevice, stream_));
     QS_CUDA_CHECK(cudaMemcpyAsync(next_obs_.get() + dst_slot * d, st.next_obs.get() + src_row * d,
                                   sizeof(float) * count * d, cudaMemcpyHostToDevice, stream_));
     QS_CUDA_CHECK(cudaMemcpyAsync(actions_.get() + dst_slot * nb, st.actions.get() + src_row * nb,
                                   sizeof(int32_t) * count * nb, cudaMemcpyHostToDevice, stream_));
-    QS_CUDA_CHECK(cudaMemcpyAsync(rewards_.get() + dst_slot, st.rewards.get() + src_row, sizeof(float) * count,
-                                  cudaMemcpyHostToDevice, stream_));
-    QS_CUDA_CHECK(cudaMemcpyAsync(discounts_.get() + dst_slot, st.discounts.get() + src_row, sizeof(float) * count,
-                                  cudaMemcpyHostToDevice, stream_));
+    QS_CUDA_CHECK(cudaMemcpyAsync(rewards_.get() + dst_slot, st.rewards.get() + src_row,
+                                  sizeof(float) * count, cudaMemcpyHostToDevice, stream_));
+    QS_CUDA_CHECK(cudaMemcpyAsync(discounts_.get() + dst_slot, st.discounts.get() + src_row,
+                                  sizeof(float) * count, cudaMemcpyHostToDevice, stream_));
     return absl::OkStatus();
   };
   if (absl::Status s = copy(0, first_slot, head); !s.ok()) return s;

@@ -34,6 +34,12 @@ class DeviceReplay {
   // Appends at max priority, overwriting the oldest items. Returns before
   // the copy finishes; waits only when both staging buffers are in flight.
   absl::Status Insert(const TransitionColumns& batch);
+  // Inserts `batches` in order, packed together into the staging buffers: one
+  // set of copies and one commit kernel per staging buffer filled, not per
+  // batch. (*statuses)[i] is batch i's outcome (a batch that does not match
+  // the spec is left out with InvalidArgument; a CUDA error fails the batches
+  // of the chunk it hit and every later one).
+  void InsertMany(const std::vector<const TransitionColumns*>& batches, std::vector<absl::Status>* statuses);
 
   // Copies rows [0, size), priorities, cursor and max priority to the host;
   // waits for the stream.
@@ -57,7 +63,12 @@ class DeviceReplay {
   DeviceReplay(const NetworkSpec& spec, int64_t capacity, int64_t staging_rows, cudaStream_t stream,
                kernels::DeviceState* state);
   absl::Status Allocate();
-  absl::Status Upload(const TransitionColumns& batch, int64_t first_row, int64_t rows);
+  // The next staging buffer, once its previous copies have left it.
+  absl::StatusOr<Staging*> AcquireStaging();
+  // Copies `rows` rows of `batch` from `first_row` into staging rows [at, at + rows).
+  void Pack(const TransitionColumns& batch, int64_t first_row, int64_t rows, Staging* st, int64_t at) const;
+  // Copies staging rows [0, rows) to the ring at the cursor and commits them.
+  absl::Status Commit(Staging* st, int64_t rows);
 
   const int obs_dim_;
   const int num_branches_;
