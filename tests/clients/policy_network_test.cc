@@ -19,7 +19,8 @@ namespace {
 // a few ulps of the largest |Q| (v_max = 10).
 constexpr float kTolerance = 1e-5f;
 
-v1::Architecture Arch(int obs_dim, std::vector<int> trunk, int head, int atoms, std::vector<int> branches) {
+v1::Architecture Arch(int obs_dim, const std::vector<int>& trunk, int head, int atoms,
+                      const std::vector<int>& branches) {
   v1::Architecture a;
   a.set_obs_dim(obs_dim);
   for (int h : trunk) a.add_trunk_hidden(h);
@@ -124,7 +125,7 @@ TEST(PolicyNetworkTest, QValuesRefusesSizesThatDoNotFit) {
   ASSERT_TRUE(net.ok());
   std::vector<float> weights(net->num_weights(), 0.1f);
   std::vector<float> obs(8);  // two observations
-  std::vector<float> q(2 * 5);
+  std::vector<float> q(10);   // two rows of 5 actions
   EXPECT_TRUE(net->QValues(weights, obs, q).ok());
 
   std::vector<float> short_weights(weights.size() - 1);

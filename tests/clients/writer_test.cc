@@ -202,7 +202,7 @@ v1::TrainerConfig StallingConfig() {
 }
 constexpr int kStallFlush = 8;
 constexpr int kStallInFlight = 2;
-constexpr int64_t kMostBuffered = (kStallInFlight + 2) * kStallFlush;
+constexpr int kMostBuffered = (kStallInFlight + 2) * kStallFlush;
 
 TEST_F(WriterTest, AppendBlocksWhileTheDaemonDoesNotAcknowledge) {
   StartDaemon(StallingConfig());
@@ -321,7 +321,7 @@ TEST_F(WriterTest, RefusesRowsOfTheWrongSize) {
             std::string::npos);
   EXPECT_NE(w->Append(2, obs, {&action, 1}, 0, false, false, obs).message().find("env_id"),
             std::string::npos);
-  const std::vector<float> two_obs(2 * kObsDim, 0.0f);
+  const std::vector<float> two_obs(size_t{2} * kObsDim, 0.0f);
   const std::vector<int32_t> two_actions(2, 0);
   const std::vector<float> one_reward(1, 0.0f);
   const std::vector<uint8_t> two_flags(2, 0);
