@@ -2,6 +2,7 @@
 // SIGHUP re-reads the token and metrics auth files. Exit codes: 0 after a
 // clean shutdown on SIGINT/SIGTERM, 1 when a port or the backend cannot be
 // set up, 2 for bad flags, config or security options.
+#include <malloc.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/daemon.h"
 #include "trainer/config.h"
@@ -54,10 +56,12 @@ ABSL_FLAG(std::string, auth_tokens, "",
           "re-read on SIGHUP. Empty: no tokens");
 ABSL_FLAG(bool, allow_insecure, false,
           "Allow a non-loopback --listen without TLS, or without any client authentication");
-ABSL_FLAG(std::string, health_listen, "",
-          "host:port of a plaintext port serving only grpc.health.v1.Health (for probes that cannot speak TLS); "
-          "empty: none");
-ABSL_FLAG(bool, reflection, false, "Serve gRPC server reflection (needs a token of any role with --auth_tokens)");
+ABSL_FLAG(
+    std::string, health_listen, "",
+    "host:port of a plaintext port serving only grpc.health.v1.Health (for probes that cannot speak TLS); "
+    "empty: none");
+ABSL_FLAG(bool, reflection, false,
+          "Serve gRPC server reflection (needs a token of any role with --auth_tokens)");
 // Overrides of common config fields (applied on top of --config).
 ABSL_FLAG(std::optional<int>, batch_size, std::nullopt, "replay.batch_size");
 ABSL_FLAG(std::optional<double>, lr, std::nullopt, "optimizer.lr");
@@ -129,7 +133,8 @@ absl::StatusOr<v1::TrainerConfig> EffectiveConfig() {
   if (auto v = absl::GetFlag(FLAGS_batch_size)) config.mutable_replay()->set_batch_size(*v);
   if (auto v = absl::GetFlag(FLAGS_lr)) config.mutable_optimizer()->set_lr(static_cast<float>(*v));
   if (auto v = absl::GetFlag(FLAGS_replay_capacity)) config.mutable_replay()->set_capacity(*v);
-  if (auto v = absl::GetFlag(FLAGS_min_size_to_sample)) config.mutable_rate_limiter()->set_min_size_to_sample(*v);
+  if (auto v = absl::GetFlag(FLAGS_min_size_to_sample))
+    config.mutable_rate_limiter()->set_min_size_to_sample(*v);
   if (auto v = absl::GetFlag(FLAGS_samples_per_insert)) {
     config.mutable_rate_limiter()->set_samples_per_insert(static_cast<float>(*v));
   }
@@ -158,6 +163,16 @@ int Main(int argc, char** argv) {
     return kExitUsage;
   }
   absl::ParseCommandLine(argc, argv);
+  // Debian's Abseil checks every Mutex acquisition for lock-order cycles
+  // (its deadlock detector, ~2 % of the daemon's CPU on the ingest path);
+  // the tests keep it on, the daemon does not need it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // Batch columns of a few hundred KiB are allocated and freed per message;
+  // above glibc's mmap threshold each would be a fresh mmap, page faults and
+  // munmap. Keep them on the heap (the bytes held are bounded by
+  // server.max_queued_bytes anyway).
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
 
   auto config = EffectiveConfig();
   if (!config.ok()) {

@@ -157,14 +157,35 @@ void Learner::Stop() {
 }
 
 void Learner::Enqueue(TransitionColumns batch, InsertDone done) {
+  bool stopped;
   {
     absl::MutexLock lock(&mu_);
-    if (!stop_) {
+    stopped = stop_;
+    if (stopped) {
+      // Cancelled below, outside the lock.
+    } else if (!parked_ || inline_insert_ || !pending_.empty() || !limiter_.CanInsert()) {
       pending_.push_back(Pending{std::move(batch), std::move(done)});
       return;
+    } else {
+      // The learner thread waits with nothing to do: insert on this thread
+      // instead of waking it (one thread hop less per batch). That thread
+      // cannot leave its wait while inline_insert_ is set.
+      inline_insert_ = true;
+      limiter_.Inserted(batch.n);
     }
   }
-  if (done) done(absl::CancelledError("learner stopped"), -1);
+  if (stopped) {
+    if (done) done(absl::CancelledError("learner stopped"), -1);
+    return;
+  }
+  std::deque<Pending> one;
+  one.push_back(Pending{std::move(batch), std::move(done)});
+  InsertBatches(&one, /*hand_off=*/false);
+  absl::MutexLock lock(&mu_);
+  inline_insert_ = false;
+  // A paused learner waits whatever the replay holds (Resume rechecks);
+  // otherwise it re-reads the replay size and the limiter now.
+  if (!paused_) recheck_ = true;
 }
 
 void Learner::Pause() {
@@ -180,6 +201,7 @@ void Learner::Resume() {
   {
     absl::MutexLock lock(&mu_);
     paused_ = false;
+    recheck_ = true;  // inline inserts while paused may have made sampling possible
     was_halted = halted_;
     halted_ = false;
     status_.halted = false;
@@ -540,7 +562,7 @@ void Learner::PublishVersion(int64_t version) {
 // rules out) stays counted, and its callback gets the error. All of them go
 // to the backend in one call (one upload on the CUDA backend) and their
 // callbacks to the callback threads in one hand-off.
-void Learner::InsertBatches(std::deque<Pending>* batches) {
+void Learner::InsertBatches(std::deque<Pending>* batches, bool hand_off) {
   if (batches->empty()) return;
   std::vector<const TransitionColumns*> columns;
   columns.reserve(batches->size());
@@ -575,7 +597,11 @@ void Learner::InsertBatches(std::deque<Pending>* batches) {
     status_.transitions_inserted += inserted;
     status_.batches_inserted += inserted_batches;
   }
-  callbacks_.Post(std::move(callbacks));
+  if (hand_off) {
+    callbacks_.Post(std::move(callbacks));
+  } else {
+    for (std::function<void()>& callback : callbacks) callback();
+  }
 }
 
 int64_t Learner::InsertRoundRows() const {
@@ -621,7 +647,8 @@ void Learner::Run() {
       const bool can_insert = limiter_.CanInsert();
       const bool timed_checkpoints = checkpointer_ != nullptr && config_.checkpoint().every_seconds() > 0;
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || (!pending_.empty() && can_insert) || (!paused_ && can_sample) ||
+        if (inline_insert_) return false;  // Enqueue is using the backend
+        return stop_ || recheck_ || (!pending_.empty() && can_insert) || (!paused_ && can_sample) ||
                (!writing_checkpoint_ && !checkpoint_requests_.empty()) ||
                (timed_checkpoints && !writing_checkpoint_ && absl::Now() >= next_checkpoint_time_);
       };
@@ -631,10 +658,20 @@ void Learner::Run() {
         // Going idle: first let status() show the latest step (outside the lock).
         refresh_before_waiting = steps != refreshed_at_step_;
         if (!refresh_before_waiting) {
+          parked_ = true;
           if (timed_checkpoints) {
             mu_.AwaitWithDeadline(absl::Condition(&ready), next_checkpoint_time_);
+            // A deadline passed during an inline insert: wait for it to end.
+            mu_.Await(absl::Condition(
+                +[](bool* inline_insert) { return !*inline_insert; }, &inline_insert_));
           } else {
             mu_.Await(absl::Condition(&ready));
+          }
+          parked_ = false;
+          if (recheck_) {
+            // An inline insert changed the replay and the limiter: decide again.
+            recheck_ = false;
+            refresh_before_waiting = true;
           }
         }
       }
@@ -665,6 +702,7 @@ void Learner::Run() {
     }
     if (refresh_before_waiting) {
       RefreshStats(steps);
+      replay_size = backend_->replay_size();
       continue;
     }
 
@@ -686,7 +724,7 @@ void Learner::Run() {
       int64_t rows = 0;
       for (const Pending& p : batches) rows += p.batch.n;
       const auto started = std::chrono::steady_clock::now();
-      InsertBatches(&batches);
+      InsertBatches(&batches, /*hand_off=*/step);
       Average(&insert_seconds_per_row_,
               SecondsSince(started) / static_cast<double>(std::max<int64_t>(rows, 1)));
       replay_size = backend_->replay_size();

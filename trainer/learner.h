@@ -164,8 +164,10 @@ class Learner {
   void Publish() ABSL_LOCKS_EXCLUDED(mu_);
   // Rows an insert round may take before a step (see Run).
   int64_t InsertRoundRows() const;
-  // Moves batches into the backend and hands their callbacks to callbacks_ (caller owns the backend).
-  void InsertBatches(std::deque<Pending>* batches) ABSL_LOCKS_EXCLUDED(mu_);
+  // Moves batches into the backend (caller owns the backend), then runs
+  // their callbacks: handed to callbacks_ when a step follows (hand_off),
+  // else here (no thread hop while the learner has nothing else to do).
+  void InsertBatches(std::deque<Pending>* batches, bool hand_off = true) ABSL_LOCKS_EXCLUDED(mu_);
   // Copies the backend's statistics and step-time windows into
   // status_/step_times_, unless already done at this step count.
   void RefreshStats(int64_t steps) ABSL_LOCKS_EXCLUDED(mu_);
@@ -206,6 +208,11 @@ class Learner {
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   bool stepping_ ABSL_GUARDED_BY(mu_) = false;  // the thread is inserting or stepping
+  // The learner thread waits in Run with nothing to do; Enqueue may then
+  // insert on its own thread (inline_insert_ while it does, recheck_ after).
+  bool parked_ ABSL_GUARDED_BY(mu_) = false;
+  bool inline_insert_ ABSL_GUARDED_BY(mu_) = false;
+  bool recheck_ ABSL_GUARDED_BY(mu_) = false;
   LearnerStatus status_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const PolicySnapshot> policy_ ABSL_GUARDED_BY(mu_);
   // Held while listeners run, so RemovePolicyListener returns only once its

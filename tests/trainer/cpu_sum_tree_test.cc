@@ -1,9 +1,8 @@
-#include "trainer/cpu/sum_tree.h"
-
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "trainer/cpu/sum_tree.h"
 
 namespace qstream::cpu {
 namespace {
@@ -59,6 +58,29 @@ TEST(SumTreeTest, AgreesWithLinearScanOnRandomPriorities) {
     for (int k = 0; k < 2000; ++k) {
       const double u = d(rng) * total;
       EXPECT_EQ(tree.Find(u), LinearFind(p, u)) << "u=" << u;
+    }
+  }
+}
+
+// SetRange is Set on every leaf of the range, bit for bit (every node).
+TEST(SumTreeTest, SetRangeEqualsSetOnEachLeaf) {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> d(0, 2);
+  for (int round = 0; round < 20; ++round) {
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 3000);
+    SumTree ranged(n), single(n);
+    for (int op = 0; op < 30; ++op) {
+      const int64_t first = static_cast<int64_t>(rng() % n);
+      const int64_t count = static_cast<int64_t>(rng() % (n - first + 1));
+      const float p = op % 5 == 0 ? 0.0f : d(rng);
+      ranged.SetRange(first, count, p);
+      for (int64_t i = first; i < first + count; ++i) single.Set(i, p);
+      ASSERT_EQ(ranged.total(), single.total()) << "n " << n << " first " << first << " count " << count;
+    }
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(ranged.Get(i), single.Get(i));
+    for (int k = 0; k < 200; ++k) {
+      const double u = std::uniform_real_distribution<double>(0, 1)(rng) * single.total();
+      ASSERT_EQ(ranged.Find(u), single.Find(u));
     }
   }
 }

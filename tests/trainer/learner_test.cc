@@ -1,9 +1,12 @@
 #include "trainer/learner.h"
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -105,7 +108,9 @@ class FakeBackend : public Backend {
   }
   absl::Status SetParams(const std::vector<float>&) override { return absl::UnimplementedError("fake"); }
   absl::Status SaveState(bool, BackendState*) override { return absl::UnimplementedError("fake"); }
-  absl::Status LoadState(const BackendState&, StateParts) override { return absl::UnimplementedError("fake"); }
+  absl::Status LoadState(const BackendState&, StateParts) override {
+    return absl::UnimplementedError("fake");
+  }
 
  private:
   NetworkSpec spec_;
@@ -127,8 +132,8 @@ v1::TrainerConfig TestConfig() {
 std::unique_ptr<Learner> MakeLearner(const v1::TrainerConfig& config, std::shared_ptr<FakeState> state) {
   auto spec = NetworkSpec::Create(config.network());
   EXPECT_TRUE(spec.ok()) << spec.status();
-  auto learner =
-      Learner::Create(config, std::make_unique<FakeBackend>(*spec, config.replay().capacity(), std::move(state)));
+  auto learner = Learner::Create(
+      config, std::make_unique<FakeBackend>(*spec, config.replay().capacity(), std::move(state)));
   EXPECT_TRUE(learner.ok()) << learner.status();
   return std::move(*learner);
 }
@@ -201,6 +206,60 @@ TEST(LearnerTest, InsertsReachBackendAndCallbacksFireOnce) {
     // Batches are inserted in order; the callback sees the size after its batch.
     EXPECT_EQ(cb.sizes[i], 7 * (i + 1));
   }
+}
+
+// Inserts and steps interleave: batches that are always waiting (every
+// callback queues the next one) do not stop the learner from stepping, and
+// the inserts go on as well.
+TEST(LearnerTest, StepsGoOnWhileBatchesAreAlwaysWaiting) {
+  auto state = std::make_shared<FakeState>();
+  auto learner = MakeLearner(TestConfig(), state);  // samples_per_insert 0: no rate limit
+  const NetworkSpec spec = learner->policy()->spec;
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> callbacks{0};
+  std::function<void(absl::Status, int64_t)> again;
+  again = [&](absl::Status s, int64_t) {
+    EXPECT_TRUE(s.ok() || absl::IsCancelled(s)) << s;
+    callbacks.fetch_add(1);
+    if (!stop.load() && s.ok()) learner->Enqueue(Batch(4, spec), again);
+  };
+  for (int i = 0; i < 16; ++i) learner->Enqueue(Batch(4, spec), again);
+  learner->Start();
+  state->WaitForSteps(200);  // hangs (test timeout) if inserts starved the steps
+  const int64_t rows_at_200_steps = state->Rows();
+  stop.store(true);
+  learner->Stop();
+  EXPECT_GT(rows_at_200_steps, 16 * 4) << "the inserts went on too";
+  EXPECT_GT(callbacks.load(), 16);
+}
+
+// A paused learner waits; a batch enqueued then is inserted on the caller's
+// thread (no hand-off to the waiting learner thread), its callback has run
+// when Enqueue returns, and Resume still finds that the replay can be
+// sampled now.
+TEST(LearnerTest, PausedLearnerInsertsOnTheCallersThreadAndResumeSteps) {
+  auto state = std::make_shared<FakeState>();
+  auto learner = MakeLearner(TestConfig(), state);
+  const NetworkSpec spec = learner->policy()->spec;
+  learner->Start();
+  learner->Pause();
+  absl::SleepFor(kShortWait);  // the learner thread goes idle
+  std::thread::id ran_on;
+  int calls = 0;
+  learner->Enqueue(Batch(8, spec), [&](absl::Status s, int64_t size) {
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(size, 8);
+    ran_on = std::this_thread::get_id();
+    ++calls;
+  });
+  EXPECT_EQ(calls, 1) << "inserted inline, callback done before Enqueue returned";
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_EQ(state->Rows(), 8);
+  EXPECT_EQ(learner->status().replay_size, 8);
+  EXPECT_EQ(state->Steps(), 0);
+  learner->Resume();
+  state->WaitForSteps(5);  // hangs if the learner kept its stale "nothing to sample"
+  learner->Stop();
 }
 
 TEST(LearnerTest, PauseStopsStepsAndResumeRestartsThem) {
@@ -419,7 +478,8 @@ TEST(LearnerTest, RejectsDeadlockingRateLimiter) {
   config.mutable_rate_limiter()->set_error_buffer(10);
   auto spec = NetworkSpec::Create(config.network());
   ASSERT_TRUE(spec.ok());
-  auto learner = Learner::Create(config, std::make_unique<FakeBackend>(*spec, 1000, std::make_shared<FakeState>()));
+  auto learner =
+      Learner::Create(config, std::make_unique<FakeBackend>(*spec, 1000, std::make_shared<FakeState>()));
   EXPECT_TRUE(absl::IsInvalidArgument(learner.status())) << learner.status();
 }
 

@@ -27,17 +27,21 @@ absl::Status PrioritizedReplay::CheckShape(const TransitionColumns& batch) const
 
 void PrioritizedReplay::Insert(const TransitionColumns& batch) {
   // Only the last `capacity` items of an oversized batch would survive.
-  const int64_t skip = std::max<int64_t>(0, batch.n - capacity_);
-  for (int64_t i = skip; i < batch.n; ++i) {
+  int64_t row = std::max<int64_t>(0, batch.n - capacity_);
+  // Contiguous runs of slots (the ring wraps at most once per run): one copy
+  // per column and one tree update per run.
+  while (row < batch.n) {
     const int64_t slot = cursor_;
-    std::copy_n(&batch.obs[i * obs_dim_], obs_dim_, &obs_[slot * obs_dim_]);
-    std::copy_n(&batch.next_obs[i * obs_dim_], obs_dim_, &next_obs_[slot * obs_dim_]);
-    std::copy_n(&batch.actions[i * num_branches_], num_branches_, &actions_[slot * num_branches_]);
-    rewards_[slot] = batch.rewards[i];
-    discounts_[slot] = batch.discounts[i];
-    tree_.Set(slot, max_priority_);
-    cursor_ = (cursor_ + 1) % capacity_;
-    size_ = std::min(size_ + 1, capacity_);
+    const int64_t run = std::min(batch.n - row, capacity_ - slot);
+    std::copy_n(&batch.obs[row * obs_dim_], run * obs_dim_, &obs_[slot * obs_dim_]);
+    std::copy_n(&batch.next_obs[row * obs_dim_], run * obs_dim_, &next_obs_[slot * obs_dim_]);
+    std::copy_n(&batch.actions[row * num_branches_], run * num_branches_, &actions_[slot * num_branches_]);
+    std::copy_n(&batch.rewards[row], run, &rewards_[slot]);
+    std::copy_n(&batch.discounts[row], run, &discounts_[slot]);
+    tree_.SetRange(slot, run, max_priority_);
+    cursor_ = (cursor_ + run) % capacity_;
+    size_ = std::min(size_ + run, capacity_);
+    row += run;
   }
 }
 
@@ -56,8 +60,8 @@ void PrioritizedReplay::Sample(int batch, uint64_t seed, uint64_t step, double b
   for (int b = 0; b < batch; ++b) weights[b] = static_cast<float>(w[b] / max_w);
 }
 
-void PrioritizedReplay::UpdatePriorities(int batch, const int64_t* slots, const float* item_loss, float epsilon,
-                                         float alpha) {
+void PrioritizedReplay::UpdatePriorities(int batch, const int64_t* slots, const float* item_loss,
+                                         float epsilon, float alpha) {
   for (int b = 0; b < batch; ++b) {
     const float p = std::pow(item_loss[b] + epsilon, alpha);
     tree_.Set(slots[b], p);
@@ -90,11 +94,12 @@ absl::Status PrioritizedReplay::Load(const ReplayState& state) {
   }
   if (state.size < 0 || state.size > capacity_ || state.cursor < 0 || state.cursor >= capacity_ ||
       (state.size < capacity_ && state.cursor != state.size)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("replay: size ", state.size, " / cursor ", state.cursor, " do not fit capacity ", capacity_));
+    return absl::InvalidArgumentError(absl::StrCat("replay: size ", state.size, " / cursor ", state.cursor,
+                                                   " do not fit capacity ", capacity_));
   }
   if (state.rows.n != state.size) {
-    return absl::InvalidArgumentError(absl::StrCat("replay.rows: ", state.rows.n, " rows, size ", state.size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("replay.rows: ", state.rows.n, " rows, size ", state.size));
   }
   if (auto st = CheckShape(state.rows); !st.ok()) return st;
   if (static_cast<int64_t>(state.priorities.size()) != state.size) {

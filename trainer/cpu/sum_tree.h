@@ -17,6 +17,10 @@ class SumTree {
 
   int64_t capacity() const { return capacity_; }
   void Set(int64_t index, float priority);
+  // Sets leaves [first, first + count) to `priority` and recomputes each
+  // inner node above them once (O(count + log N)): the same nodes, bit for
+  // bit, as Set on each leaf in turn.
+  void SetRange(int64_t first, int64_t count, float priority);
   // Replaces every leaf (missing ones become 0) and rebuilds the sums: the
   // same nodes, bit for bit, as setting the leaves one by one.
   void Assign(const std::vector<float>& leaves);
@@ -29,9 +33,9 @@ class SumTree {
 
  private:
   int64_t capacity_;
-  int64_t width_;               // leaves rounded up to a power of two
-  std::vector<float> leaves_;   // capacity
-  std::vector<double> nodes_;   // 2 * width_: node k has children 2k, 2k+1; leaves at width_ + i
+  int64_t width_;              // leaves rounded up to a power of two
+  std::vector<float> leaves_;  // capacity
+  std::vector<double> nodes_;  // 2 * width_: node k has children 2k, 2k+1; leaves at width_ + i
 };
 
 }  // namespace qstream::cpu
