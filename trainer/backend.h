@@ -96,6 +96,10 @@ class Backend {
   // learner hands over every batch gathered between two steps at once, so a
   // backend can pack them into one upload (the CUDA replay does); this
   // default inserts them one by one.
+  // Seconds the inserts since the last call spent waiting for the device
+  // (a staging buffer still being copied from): the device's pace, which the
+  // learner does not count as insert cost.
+  virtual double ConsumeInsertWaitSeconds() { return 0; }
   virtual void InsertMany(const std::vector<const TransitionColumns*>& batches,
                           std::vector<absl::Status>* statuses) {
     statuses->clear();

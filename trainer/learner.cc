@@ -94,8 +94,12 @@ namespace {
 
 constexpr char kPolicyVersionFile[] = ".policy_version";
 
+double SecondsBetween(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  return SecondsBetween(t, std::chrono::steady_clock::now());
 }
 
 // Exponential moving average (the first sample sets it).
@@ -605,8 +609,24 @@ void Learner::InsertBatches(std::deque<Pending>* batches, bool hand_off) {
 }
 
 int64_t Learner::InsertRoundRows() const {
-  if (step_seconds_ <= 0 || insert_seconds_per_row_ <= 0) return std::numeric_limits<int64_t>::max();
-  return std::max<int64_t>(1, static_cast<int64_t>(step_seconds_ / insert_seconds_per_row_));
+  return period_seconds_ > 0 ? insert_round_rows_ : std::numeric_limits<int64_t>::max();
+}
+
+void Learner::AdaptInsertRound(double seconds, bool hit_budget) {
+  if (period_seconds_ <= 0) return;
+  // The round's own work: time spent waiting for the device to release a
+  // staging buffer is the device's pace, not insert cost.
+  const double cost = std::max(0.0, seconds - backend_->ConsumeInsertWaitSeconds());
+  // Halve when a round's work took more than half of a step period (round
+  // plus step); double when a round that the budget cut short took less than
+  // a quarter. Whatever a round costs per batch and per row, the budget
+  // settles where inserts take about half of this thread at most.
+  constexpr int64_t kMaxRoundRows = int64_t{1} << 22;
+  if (cost > 0.5 * period_seconds_) {
+    insert_round_rows_ = std::max<int64_t>(1, insert_round_rows_ / 2);
+  } else if (hit_budget && cost < 0.25 * period_seconds_) {
+    insert_round_rows_ = std::min(kMaxRoundRows, insert_round_rows_ * 2);
+  }
 }
 
 void Learner::RefreshStats(int64_t steps) {
@@ -638,6 +658,7 @@ void Learner::Run() {
     bool stopping = false;
     bool step = false;
     bool refresh_before_waiting = false;
+    bool round_hit_budget = false;
     {
       absl::MutexLock lock(&mu_);
       stepping_ = false;
@@ -683,9 +704,10 @@ void Learner::Run() {
           step = !paused_ && can_sample;
           // Reserve inserts batch by batch: a batch is admitted while the
           // limiter allows one more (it may overshoot by itself). Inserts and
-          // steps interleave: when a step follows, this round takes only as
-          // many rows as the inserts move in the time of one step (at least
-          // one batch), so ingest gets at most about half of this thread.
+          // steps interleave: when a step follows, this round takes at most
+          // insert_round_rows_ rows (at least one batch), a budget kept near
+          // what the inserts move in the time of one step, so ingest gets at
+          // most about half of this thread.
           const int64_t budget = step ? InsertRoundRows() : std::numeric_limits<int64_t>::max();
           int64_t rows = 0;
           while (!pending_.empty() && limiter_.CanInsert() && (batches.empty() || rows < budget)) {
@@ -694,6 +716,7 @@ void Learner::Run() {
             batches.push_back(std::move(pending_.front()));
             pending_.pop_front();
           }
+          round_hit_budget = step && !pending_.empty() && rows >= budget;
         }
         status_.sample_blocked = !paused_ && !can_sample;
         status_.insert_blocked = !pending_.empty();
@@ -701,6 +724,7 @@ void Learner::Run() {
       }
     }
     if (refresh_before_waiting) {
+      last_step_started_.reset();  // an idle spell is no step period
       RefreshStats(steps);
       replay_size = backend_->replay_size();
       continue;
@@ -721,21 +745,26 @@ void Learner::Run() {
     }
 
     if (!batches.empty()) {
-      int64_t rows = 0;
-      for (const Pending& p : batches) rows += p.batch.n;
       const auto started = std::chrono::steady_clock::now();
       InsertBatches(&batches, /*hand_off=*/step);
-      Average(&insert_seconds_per_row_,
-              SecondsSince(started) / static_cast<double>(std::max<int64_t>(rows, 1)));
+      if (step) AdaptInsertRound(SecondsSince(started), round_hit_budget);
       replay_size = backend_->replay_size();
       // Inserts may have made sampling possible; re-evaluate before stepping.
-      if (!step) continue;
+      if (!step) {
+        last_step_started_.reset();
+        continue;
+      }
     }
-    if (!step) continue;
+    if (!step) {
+      last_step_started_.reset();
+      continue;
+    }
 
     const auto step_started = std::chrono::steady_clock::now();
+    if (last_step_started_.has_value())
+      Average(&period_seconds_, SecondsBetween(*last_step_started_, step_started));
+    last_step_started_ = step_started;
     absl::Status s = backend_->Step();
-    Average(&step_seconds_, SecondsSince(step_started));
     if (!s.ok()) {
       // A failing backend halts training (Resume retries) instead of spinning.
       std::fprintf(stderr, "qstream learner: step failed, pausing: %s\n", s.ToString().c_str());

@@ -22,11 +22,13 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -164,6 +166,8 @@ class Learner {
   void Publish() ABSL_LOCKS_EXCLUDED(mu_);
   // Rows an insert round may take before a step (see Run).
   int64_t InsertRoundRows() const;
+  // Adjusts insert_round_rows_ after a round that took `seconds` before a step.
+  void AdaptInsertRound(double seconds, bool hit_budget);
   // Moves batches into the backend (caller owns the backend), then runs
   // their callbacks: handed to callbacks_ when a step follows (hand_off),
   // else here (no thread hop while the learner has nothing else to do).
@@ -197,10 +201,12 @@ class Learner {
     InsertDone done;
   };
   int64_t refreshed_at_step_ = -1;  // learner thread only
-  // Learner thread only: moving averages of one Step()'s wall time and of an
-  // insert round's wall time per row.
-  double step_seconds_ = 0;
-  double insert_seconds_per_row_ = 0;
+  // Learner thread only: moving average of the period from one step's start
+  // to the next (the step and the insert round between), and the rows an
+  // insert round may take before a step (AdaptInsertRound).
+  double period_seconds_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> last_step_started_;
+  int64_t insert_round_rows_ = 4096;
   // Runs the insert callbacks off the learner thread.
   CallbackRunner callbacks_{CallbackRunner::DefaultThreads()};
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);

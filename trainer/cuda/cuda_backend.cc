@@ -96,6 +96,10 @@ class CudaBackend final : public Backend {
     QS_RETURN_IF_ERROR(step_times_.Close());
     return replay_->Insert(batch);
   }
+  double ConsumeInsertWaitSeconds() override {
+    absl::MutexLock lock(&mu_);
+    return replay_->ConsumeWaitSeconds();
+  }
   void InsertMany(const std::vector<const TransitionColumns*>& batches,
                   std::vector<absl::Status>* statuses) override {
     absl::MutexLock lock(&mu_);
@@ -202,6 +206,15 @@ class CudaBackend final : public Backend {
   // Statistics: device state copied to pinned slots every stats_every steps.
   PinnedBuffer<kernels::DeviceState> stats_host_;
   std::vector<Event> stats_copied_;
+  // At most kStepsInFlight steps are queued on the stream: step k waits for
+  // the end of step k - kStepsInFlight before it is launched. The device
+  // never idles for it (a step is always queued behind the running one),
+  // and an upload or a stats read never waits behind a long queue of steps
+  // (which made every ack wait ~10 steps under ingest).
+  static constexpr int kStepsInFlight = 2;
+  std::vector<Event> step_done_;
+  std::vector<bool> step_queued_;
+  int next_step_slot_ = 0;
   std::vector<int64_t> stats_seq_ ABSL_GUARDED_BY(mu_);
   int next_stats_slot_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t latest_seq_ ABSL_GUARDED_BY(mu_) = -1;
@@ -307,6 +320,9 @@ absl::Status CudaBackend::Init() {
   fixed_shift_ = kernels::FixedPointShift(capacity);
 
   QS_RETURN_IF_ERROR(stats_host_.Allocate(kStatsSlots));
+  step_done_.resize(kStepsInFlight);
+  step_queued_.assign(kStepsInFlight, false);
+  for (Event& e : step_done_) QS_RETURN_IF_ERROR(cuda::CreateEvent(&e, /*timing=*/false));
   stats_copied_.resize(kStatsSlots);
   for (Event& e : stats_copied_) QS_RETURN_IF_ERROR(cuda::CreateEvent(&e, /*timing=*/false));
   stats_seq_.assign(kStatsSlots, -1);
@@ -653,8 +669,13 @@ absl::Status CudaBackend::Step() {
   absl::MutexLock lock(&mu_);
   if (!error_.ok()) return error_;
   if (replay_->size() == 0) return absl::FailedPreconditionError("cuda backend: replay is empty");
+  const int slot = next_step_slot_;
+  next_step_slot_ = (slot + 1) % kStepsInFlight;
+  if (step_queued_[slot]) QS_CUDA_CHECK(cudaEventSynchronize(step_done_[slot].get()));
   QS_RETURN_IF_ERROR(step_times_.Open());
   QS_CUDA_CHECK(cudaGraphLaunch(exec_.get(), stream_.get()));
+  QS_CUDA_CHECK(cudaEventRecord(step_done_[slot].get(), stream_.get()));
+  step_queued_[slot] = true;
   ++steps_;
   step_times_.CountStep();
   if (steps_ % stats_every_ == 0) {

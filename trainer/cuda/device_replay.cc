@@ -1,6 +1,7 @@
 #include "trainer/cuda/device_replay.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -191,7 +192,14 @@ absl::StatusOr<DeviceReplay::Staging*> DeviceReplay::AcquireStaging() {
   next_staging_ ^= 1;
   // The buffer's previous copies must have left it before it is refilled.
   if (st.in_flight) {
-    QS_CUDA_CHECK(cudaEventSynchronize(st.copied.get()));
+    const cudaError_t done = cudaEventQuery(st.copied.get());
+    if (done == cudaErrorNotReady) {
+      const auto started = std::chrono::steady_clock::now();
+      QS_CUDA_CHECK(cudaEventSynchronize(st.copied.get()));
+      wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    } else {
+      QS_CUDA_CHECK(done);
+    }
     st.in_flight = false;
   }
   return &st;

@@ -41,6 +41,13 @@ class DeviceReplay {
   // of the chunk it hit and every later one).
   void InsertMany(const std::vector<const TransitionColumns*>& batches, std::vector<absl::Status>* statuses);
 
+  // Seconds spent waiting for a staging buffer since the last call.
+  double ConsumeWaitSeconds() {
+    const double s = wait_seconds_;
+    wait_seconds_ = 0;
+    return s;
+  }
+
   // Copies rows [0, size), priorities, cursor and max priority to the host;
   // waits for the stream.
   absl::Status Save(ReplayState* out);
@@ -82,6 +89,7 @@ class DeviceReplay {
   DeviceBuffer<int32_t> actions_;
   std::array<Staging, 2> staging_;
   int next_staging_ = 0;
+  double wait_seconds_ = 0;
   int64_t size_ = 0;
   int64_t cursor_ = 0;
 };
