@@ -116,7 +116,7 @@ absl::Status RunLoad(const LoadFlags& flags) {
     acks0 = acks;
   }
   load.StopMeasuring();
-  const absl::Status stopped = load.Stop();
+  absl::Status stopped = load.Stop();
 
   nlohmann::ordered_json j;
   j["client"] = "cpp";

@@ -589,7 +589,7 @@ void Learner::InsertBatches(std::deque<Pending>* batches, bool hand_off) {
     if (p.done) {
       // The replay size right after this batch, as if they went in one by one.
       const int64_t after = std::min(capacity, size_before + inserted);
-      callbacks.push_back([done = std::move(p.done), status = std::move(statuses[i]), after]() mutable {
+      callbacks.emplace_back([done = std::move(p.done), status = std::move(statuses[i]), after]() mutable {
         done(std::move(status), after);
       });
     }

@@ -321,6 +321,7 @@ TEST(CudaBackend, InsertManyPacksBatchesLikeOneByOneInserts) {
     }
     batches[7].actions[0] = 9;  // out of range for branch 0
     std::vector<const TransitionColumns*> ptrs;
+    ptrs.reserve(batches.size());
     for (const TransitionColumns& b : batches) ptrs.push_back(&b);
     std::vector<absl::Status> statuses;
     gpu->InsertMany(ptrs, &statuses);

@@ -109,6 +109,9 @@ v1::TransitionBatch NStep(int count, uint64_t sequence, const std::string& strea
   b.set_count(count);
   std::vector<float> obs, next_obs;
   std::vector<int32_t> actions;
+  obs.reserve(static_cast<size_t>(count) * kObsDim);
+  next_obs.reserve(static_cast<size_t>(count) * kObsDim);
+  actions.reserve(count);
   for (int i = 0; i < count * kObsDim; ++i) {
     obs.push_back(0.01f * (i % 100));
     next_obs.push_back(-0.01f * (i % 100));
@@ -399,6 +402,7 @@ void OversizeAttempts(const std::shared_ptr<grpc::Channel>& channel, uint64_t se
     b.set_kind(v1::TransitionBatch::KIND_STEP);
     b.clear_discounts();
     std::vector<uint32_t> env_ids;
+    env_ids.reserve(kMaxBatch);
     for (int i = 0; i < kMaxBatch; ++i) env_ids.push_back(1000 + i);
     wire::SetBoolTensor(b.mutable_done(), std::vector<bool>(kMaxBatch, false));
     wire::SetTensor(b.mutable_env_ids(), env_ids, {kMaxBatch});

@@ -402,7 +402,7 @@ TEST(QstreamdE2E, BadInputsGetErrorsWhileAGoodStreamKeepsGoing) {
   };
 
   v1::TransitionBatch obs = NStepBatch(16, 1, &rng);
-  obs.mutable_obs()->mutable_data()->resize(63 * 4);
+  obs.mutable_obs()->mutable_data()->resize(size_t{63} * 4);
   expect_error(obs, "obs", "obs: data holds 252 bytes, shape [16, 4] of DTYPE_FLOAT32 needs 256 (truncated)");
 
   v1::TransitionBatch nan = NStepBatch(16, 1, &rng);
@@ -415,7 +415,7 @@ TEST(QstreamdE2E, BadInputsGetErrorsWhileAGoodStreamKeepsGoing) {
 
   v1::TransitionBatch branches = NStepBatch(16, 1, &rng);
   // Three branches instead of two.
-  wire::SetTensor(branches.mutable_actions(), std::vector<int32_t>(16 * 3, 0), {16, 3});
+  wire::SetTensor(branches.mutable_actions(), std::vector<int32_t>(size_t{16} * 3, 0), {16, 3});
   expect_error(branches, "actions", "actions: shape [16, 3], expected [count, branches] = [16, 2]");
 
   v1::TransitionBatch dtype = NStepBatch(16, 1, &rng);

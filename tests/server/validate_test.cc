@@ -223,15 +223,16 @@ TEST(ValidateBatchTest, ColumnsAreTheWireBytes) {
   std::normal_distribution<float> normal(0.0f, 3.0f);
   for (const bool step : {false, true}) {
     const int n = 1 + static_cast<int>(rng() % 100);
-    std::vector<float> obs(n * 2), next_obs(n * 2), rewards(n), discounts(n);
-    std::vector<int32_t> actions(n * 2);
+    const size_t n2 = static_cast<size_t>(n) * 2;
+    std::vector<float> obs(n2), next_obs(n2), rewards(n), discounts(n);
+    std::vector<int32_t> actions(n2);
     std::vector<uint32_t> env_ids(n);
     std::vector<bool> done(n), truncated(n);
     for (float& x : obs) x = normal(rng);
     for (float& x : next_obs) x = normal(rng);
     for (float& x : rewards) x = normal(rng);
     for (float& x : discounts) x = static_cast<float>(rng() % 1001) / 1000.0f;
-    for (int i = 0; i < n; ++i) {
+    for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
       actions[2 * i] = static_cast<int32_t>(rng() % 3);
       actions[2 * i + 1] = static_cast<int32_t>(rng() % 5);
       env_ids[i] = rng();

@@ -218,7 +218,7 @@ TEST(LearnerTest, StepsGoOnWhileBatchesAreAlwaysWaiting) {
   std::atomic<bool> stop{false};
   std::atomic<int64_t> callbacks{0};
   std::function<void(absl::Status, int64_t)> again;
-  again = [&](absl::Status s, int64_t) {
+  again = [&](const absl::Status& s, int64_t) {
     EXPECT_TRUE(s.ok() || absl::IsCancelled(s)) << s;
     callbacks.fetch_add(1);
     if (!stop.load() && s.ok()) learner->Enqueue(Batch(4, spec), again);
@@ -246,7 +246,7 @@ TEST(LearnerTest, PausedLearnerInsertsOnTheCallersThreadAndResumeSteps) {
   absl::SleepFor(kShortWait);  // the learner thread goes idle
   std::thread::id ran_on;
   int calls = 0;
-  learner->Enqueue(Batch(8, spec), [&](absl::Status s, int64_t size) {
+  learner->Enqueue(Batch(8, spec), [&](const absl::Status& s, int64_t size) {
     EXPECT_TRUE(s.ok()) << s;
     EXPECT_EQ(size, 8);
     ran_on = std::this_thread::get_id();
