@@ -67,6 +67,7 @@ struct Flags {
   std::string config = "h200";
   int batch = 1024;  // learner batch
   int streams = 8;
+  int in_flight = 8;
   int items_per_message = 1024;
   std::string kind = "nstep";
   double seconds = 20;
@@ -84,7 +85,7 @@ void Usage() {
   std::fprintf(
       stderr,
       "usage: qstream-bench e2e [--qstreamd=PATH (next to this binary)] [--backend=cuda|cpu]\n"
-      "         [--config=h200|small] [--batch=1024] [--streams=8] [--items_per_message=1024]\n"
+      "         [--config=h200|small] [--batch=1024] [--streams=8] [--in_flight=8] [--items_per_message=1024]\n"
       "         [--kind=nstep|step] [--seconds=20] [--warmup_seconds=3] [--replay_capacity=N (config's)]\n"
       "         [--prefill=N (capacity/4)] [--samples_per_insert=0 (no rate limit)]\n"
       "         [--reference=auto|on|off (auto: on for cuda)] [--learner_rate_reference_us=US]\n"
@@ -105,6 +106,8 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f) {
       ok = absl::SimpleAtoi(value, &f->batch) && f->batch > 0;
     } else if (name == "streams") {
       ok = absl::SimpleAtoi(value, &f->streams) && f->streams > 0;
+    } else if (name == "in_flight") {
+      ok = absl::SimpleAtoi(value, &f->in_flight) && f->in_flight > 0;
     } else if (name == "items_per_message") {
       ok = absl::SimpleAtoi(value, &f->items_per_message) && f->items_per_message > 0;
     } else if (name == "kind") {
@@ -466,6 +469,7 @@ absl::Status Run(const Flags& flags) {
   load_options.address = daemon->grpc_address;
   load_options.streams = flags.streams;
   load_options.items_per_message = flags.items_per_message;
+  load_options.in_flight = flags.in_flight;
   load_options.step_kind = flags.kind == "step";
   load_options.seed = flags.seed;
   LoadStreams load(*spec, load_options);
@@ -537,6 +541,7 @@ absl::Status Run(const Flags& flags) {
   j["batch"] = flags.batch;
   j["streams"] = flags.streams;
   j["items_per_message"] = flags.items_per_message;
+  j["in_flight"] = flags.in_flight;
   j["kind"] = flags.kind;
   j["replay_capacity"] = capacity;
   j["prefill"] = prefill;

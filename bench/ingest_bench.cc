@@ -26,6 +26,7 @@ struct Flags {
   std::string config = "h200";
   std::string backend = "cpu";
   int streams = 64;
+  int in_flight = 8;
   int batch = 256;  // transitions per TransitionBatch
   std::string kind = "nstep";
   double seconds = 5;  // per timed repeat
@@ -40,7 +41,7 @@ struct Flags {
 
 void Usage() {
   std::fprintf(stderr,
-               "usage: qstream-bench ingest [--config=h200|small] [--backend=cpu|cuda|auto] [--streams=64]\n"
+               "usage: qstream-bench ingest [--config=h200|small] [--backend=cpu|cuda|auto] [--streams=64] [--in_flight=8]\n"
                "         [--batch=256] [--kind=nstep|step] [--seconds=5] [--repeats=3] [--warmup_seconds=3]\n"
                "         [--idle_seconds=5] [--learner_batch=256] [--replay_capacity=N] [--samples_per_insert=0]\n"
                "         [--seed=1]\n");
@@ -58,6 +59,8 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f) {
       ok = value == "nstep" || value == "step";
     } else if (name == "streams") {
       ok = absl::SimpleAtoi(value, &f->streams) && f->streams > 0;
+    } else if (name == "in_flight") {
+      ok = absl::SimpleAtoi(value, &f->in_flight) && f->in_flight > 0;
     } else if (name == "batch") {
       ok = absl::SimpleAtoi(value, &f->batch) && f->batch > 0;
     } else if (name == "seconds") {
@@ -167,6 +170,7 @@ absl::Status Run(const Flags& flags) {
   LoadOptions load;
   load.address = d->grpc_address();
   load.streams = flags.streams;
+  load.in_flight = flags.in_flight;
   load.items_per_message = flags.batch;
   load.step_kind = flags.kind == "step";
   load.seed = flags.seed;
@@ -211,7 +215,7 @@ absl::Status Run(const Flags& flags) {
   const double ingest_steps = Median(steps_ingest);
   const double idle_steps = Median(steps_idle);
   std::printf(
-      "{\"bench\":\"ingest\",\"config\":%s,\"backend\":%s,\"device\":%s,\"streams\":%d,\"batch\":%d,\"kind\":%s,"
+      "{\"bench\":\"ingest\",\"config\":%s,\"backend\":%s,\"device\":%s,\"streams\":%d,\"in_flight\":%d,\"batch\":%d,\"kind\":%s,"
       "\"learner_batch\":%d,\"samples_per_insert\":%g,\"seconds\":%g,\"repeats\":%d,"
       "\"transitions_per_s\":%.0f,\"transitions_per_s_min\":%.0f,\"transitions_per_s_max\":%.0f,"
       "\"rtt_p50_us\":%.0f,\"rtt_p99_us\":%.0f,\"acks\":%zu,\"error_acks\":%lld,"
@@ -219,7 +223,7 @@ absl::Status Run(const Flags& flags) {
       "\"steps_per_s_ingest\":%.2f,\"steps_per_s_idle\":%.2f,\"step_rate_ratio\":%.3f,"
       "\"replay_size\":%lld,\"transitions_inserted\":%lld,\"commit\":%s}\n",
       Quote(flags.config).c_str(), Quote(initial.backend).c_str(), Quote(initial.device).c_str(), flags.streams,
-      flags.batch, Quote(flags.kind).c_str(), flags.learner_batch, flags.samples_per_insert, flags.seconds,
+      flags.in_flight, flags.batch, Quote(flags.kind).c_str(), flags.learner_batch, flags.samples_per_insert, flags.seconds,
       flags.repeats, Median(rates), *std::min_element(rates.begin(), rates.end()),
       *std::max_element(rates.begin(), rates.end()), Percentile(&rtt, 0.5), Percentile(&rtt, 0.99), rtt.size(),
       static_cast<long long>(errors), ingest_us, idle_us, idle_us > 0 ? ingest_us / idle_us : 0.0, ingest_steps,

@@ -34,6 +34,7 @@ struct LoadFlags {
   std::string address;
   std::string config = "h200";
   int streams = 1;
+  int in_flight = 8;
   int items_per_message = 64;
   std::string kind = "nstep";
   double start_at = 0;  // Unix seconds; 0: now + 1 s
@@ -44,7 +45,7 @@ struct LoadFlags {
 
 void LoadUsage() {
   std::fprintf(stderr,
-               "usage: qstream-bench load --address=HOST:PORT [--config=h200|small] [--streams=1]\n"
+               "usage: qstream-bench load --address=HOST:PORT [--config=h200|small] [--streams=1] [--in_flight=8]\n"
                "         [--items_per_message=64] [--kind=nstep|step] [--start_at=UNIX_SECONDS (now+1)]\n"
                "         [--window_seconds=5] [--repeats=3] [--seed=1]\n");
 }
@@ -58,6 +59,8 @@ absl::Status ParseLoadFlags(int argc, char** argv, LoadFlags* f) {
       f->config = value;
     } else if (name == "streams") {
       ok = absl::SimpleAtoi(value, &f->streams) && f->streams > 0;
+    } else if (name == "in_flight") {
+      ok = absl::SimpleAtoi(value, &f->in_flight) && f->in_flight > 0;
     } else if (name == "items_per_message") {
       ok = absl::SimpleAtoi(value, &f->items_per_message) && f->items_per_message > 0;
     } else if (name == "kind") {
@@ -97,6 +100,7 @@ absl::Status RunLoad(const LoadFlags& flags) {
   LoadOptions options;
   options.address = flags.address;
   options.streams = flags.streams;
+  options.in_flight = flags.in_flight;
   options.items_per_message = flags.items_per_message;
   options.step_kind = flags.kind == "step";
   options.seed = flags.seed;
@@ -121,6 +125,7 @@ absl::Status RunLoad(const LoadFlags& flags) {
   nlohmann::ordered_json j;
   j["client"] = "cpp";
   j["streams"] = flags.streams;
+  j["in_flight"] = flags.in_flight;
   j["items_per_message"] = flags.items_per_message;
   j["window_seconds"] = flags.window_seconds;
   j["windows"] = windows;

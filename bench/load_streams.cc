@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -79,20 +80,27 @@ using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
-// One actor stream: write a batch, wait for both the write and its ack, repeat.
+// One actor stream: keeps up to `in_flight` batches written but not yet
+// acknowledged (one write outstanding at a time, one read always pending);
+// on stop it sends nothing more, waits for the last ack and half-closes.
 class BenchStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  BenchStream(grpc::GenericStub* stub, std::vector<grpc::Slice> bodies, const std::atomic<bool>* stop,
-              const std::atomic<bool>* measuring)
-      : bodies_(std::move(bodies)), stop_(stop), measuring_(measuring) {
+  BenchStream(grpc::GenericStub* stub, std::vector<grpc::Slice> bodies, int in_flight,
+              const std::atomic<bool>* stop, const std::atomic<bool>* measuring)
+      : bodies_(std::move(bodies)), in_flight_(in_flight), stop_(stop), measuring_(measuring) {
     stub->PrepareBidiStreamingCall(&context_, kStreamMethod, grpc::StubOptions(), this);
+    StartRead(&in_);
     StartCall();
-    Send();
+    Pump();
   }
 
   void OnWriteDone(bool ok) override {
     if (!ok) return;  // the read fails too and ends the stream
-    Advance();
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+    }
+    Pump();
   }
 
   void OnReadDone(bool ok) override {
@@ -105,10 +113,18 @@ class BenchStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc:
       acks_.fetch_add(1, std::memory_order_relaxed);
       if (ack.has_error()) errors_.fetch_add(1, std::memory_order_relaxed);
     }
-    if (measuring_->load(std::memory_order_relaxed)) {
-      rtt_us_.push_back(std::chrono::duration<double, std::micro>(Clock::now() - sent_at_).count());
+    {
+      absl::MutexLock lock(&mu_);
+      ++acked_;
+      if (!sent_at_.empty()) {
+        if (measuring_->load(std::memory_order_relaxed)) {
+          rtt_us_.push_back(std::chrono::duration<double, std::micro>(Clock::now() - sent_at_.front()).count());
+        }
+        sent_at_.pop_front();
+      }
     }
-    Advance();
+    StartRead(&in_);  // fails once the server ends the stream
+    Pump();
   }
 
   void OnDone(const grpc::Status& status) override {
@@ -121,47 +137,55 @@ class BenchStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc:
   int64_t acks() const { return acks_.load(std::memory_order_relaxed); }
   int64_t errors() const { return errors_.load(std::memory_order_relaxed); }
   // Read only after WaitDone().
-  const std::vector<double>& rtt_us() const { return rtt_us_; }
+  std::vector<double> rtt_us() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return rtt_us_;
+  }
   const grpc::Status& status() const { return status_; }
 
  private:
-  // Both the write and the ack of the batch in flight completed: send the next.
-  void Advance() {
+  // Sends the next batch while the window has room; after stop, half-closes
+  // once every batch sent is acknowledged.
+  void Pump() {
+    enum { kNothing, kSend, kClose } action = kNothing;
     {
       absl::MutexLock lock(&mu_);
-      if (++completions_ < 2) return;
-      completions_ = 0;
+      if (writing_ || closed_) return;
+      if (stop_->load(std::memory_order_relaxed)) {
+        if (acked_ == sequence_) {
+          closed_ = true;
+          action = kClose;
+        }
+      } else if (sequence_ - acked_ < static_cast<uint64_t>(in_flight_)) {
+        writing_ = true;
+        ++sequence_;
+        grpc::Slice parts[2] = {grpc::Slice(SequencePrefix(sequence_)), bodies_[sequence_ % bodies_.size()]};
+        out_ = grpc::ByteBuffer(parts, 2);
+        sent_at_.push_back(Clock::now());
+        action = kSend;
+      }
     }
-    if (stop_->load(std::memory_order_relaxed)) {
-      StartWritesDone();
-      return;
-    }
-    Send();
-  }
-
-  void Send() {
-    ++sequence_;
-    grpc::Slice parts[2] = {grpc::Slice(SequencePrefix(sequence_)), bodies_[sequence_ % bodies_.size()]};
-    out_ = grpc::ByteBuffer(parts, 2);
-    sent_at_ = Clock::now();
-    StartRead(&in_);
-    StartWrite(&out_);
+    if (action == kSend) StartWrite(&out_);
+    if (action == kClose) StartWritesDone();
   }
 
   grpc::ClientContext context_;
   const std::vector<grpc::Slice> bodies_;
+  const int in_flight_;
   const std::atomic<bool>* const stop_;
   const std::atomic<bool>* const measuring_;
-  grpc::ByteBuffer out_;
+  grpc::ByteBuffer out_;  // the write in progress (one at a time)
   grpc::ByteBuffer in_;
-  uint64_t sequence_ = 0;
-  Clock::time_point sent_at_;
   absl::Mutex mu_;
-  int completions_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t sequence_ ABSL_GUARDED_BY(mu_) = 0;  // batches sent (the last one's sequence)
+  uint64_t acked_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Clock::time_point> sent_at_ ABSL_GUARDED_BY(mu_);  // of the unacknowledged batches
   std::atomic<int64_t> accepted_{0};
   std::atomic<int64_t> acks_{0};
   std::atomic<int64_t> errors_{0};
-  std::vector<double> rtt_us_;
+  std::vector<double> rtt_us_ ABSL_GUARDED_BY(mu_);
   grpc::Status status_;
   absl::Notification done_;
 };
@@ -180,7 +204,8 @@ LoadStreams::LoadStreams(const NetworkSpec& spec, const LoadOptions& options) {
       bodies.emplace_back(MakeBody(spec, options.items_per_message, options.step_kind, &rng));
     }
     streams_.push_back(
-        std::make_unique<BenchStream>(stubs_.back().get(), std::move(bodies), &stop_, &measuring_));
+        std::make_unique<BenchStream>(stubs_.back().get(), std::move(bodies), options.in_flight, &stop_,
+                                     &measuring_));
   }
 }
 
@@ -206,7 +231,8 @@ absl::Status LoadStreams::Stop() {
   for (auto& s : streams_) {
     s->WaitDone();
     error_acks_ += s->errors();
-    rtt_us_.insert(rtt_us_.end(), s->rtt_us().begin(), s->rtt_us().end());
+    const std::vector<double> rtt = s->rtt_us();
+    rtt_us_.insert(rtt_us_.end(), rtt.begin(), rtt.end());
     if (!s->status().ok() && stop_status_.ok()) {
       stop_status_ = absl::InternalError(absl::StrCat("stream ended with ", s->status().error_message()));
     }

@@ -27,6 +27,7 @@ struct LoadOptions {
   int streams = 1;
   int items_per_message = 256;  // transitions per TransitionBatch
   bool step_kind = false;       // KIND_STEP (server-side n-step) instead of KIND_NSTEP
+  int in_flight = 1;            // batches sent but not yet acknowledged, per stream
   uint64_t seed = 1;
 };
 
@@ -45,7 +46,7 @@ class LoadStreams {
   // From now until StopMeasuring() or Stop(), every round trip (write to ack) is recorded.
   void StartMeasuring() { measuring_ = true; }
   void StopMeasuring() { measuring_ = false; }
-  // Ends every stream after its batch in flight and waits for them; an
+  // Ends every stream after its batches in flight and waits for them; an
   // error when a stream ended with a non-OK status.
   absl::Status Stop();
   // After Stop(): acks with an error, and the recorded round trips (µs, sorted).

@@ -1,7 +1,9 @@
 #include "server/experience_service.h"
 
 #include <algorithm>
+#include <deque>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,22 +36,42 @@ grpc::Status NotInserted(const absl::Status& status, const std::string& what) {
 
 // Owns itself (self_) from Begin until OnDone; the session's callbacks hold
 // it too, so an outcome arriving on a learner callback thread never finds it gone.
+//
+// Reads run ahead of acks: a message is read, validated and submitted to the
+// stream's ingest session, and the next one is read at once while at most
+// server.max_in_flight_per_stream batches wait for their outcome. Each read
+// batch takes a slot in `slots_`; outcomes fill their slots in any order and
+// acks are written from the front, one per batch, in read order (an ack that
+// has ready acks behind it is written with a buffer hint, so a run of them
+// leaves in one send).
 class ExperienceService::StreamReactor final : public Reactor,
                                                public std::enable_shared_from_this<StreamReactor> {
  public:
   StreamReactor(ExperienceService* service, grpc::CallbackServerContext* context)
-      : service_(service), context_(context) {}
+      : service_(service),
+        context_(context),
+        window_(static_cast<size_t>(service->config_.server().max_in_flight_per_stream())) {}
 
   void Begin() {
     self_ = shared_from_this();
+    absl::MutexLock lock(&mu_);
+    reading_ = true;
     StartRead(&request_);
   }
 
   // Called by BeginShutdown with the service's registry locked.
   void Drain() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    draining_ = true;
-    if (!busy_ && !finished_) context_->TryCancel();
+    bool cancel;
+    {
+      absl::MutexLock lock(&mu_);
+      draining_ = true;
+      cancel = slots_.empty() && !writing_ && !finished_;
+    }
+    if (cancel) {
+      context_->TryCancel();
+    } else {
+      EndAfterAcks(grpc::Status(grpc::StatusCode::UNAVAILABLE, "qstreamd is shutting down"));
+    }
   }
 
   void OnCancel() override ABSL_LOCKS_EXCLUDED(mu_) {
@@ -64,32 +86,42 @@ class ExperienceService::StreamReactor final : public Reactor,
     bool cancelled;
     {
       absl::MutexLock lock(&mu_);
-      if (finished_) return;  // superseded while the read was pending
-      busy_ = true;
+      if (finished_) {  // superseded or ended while the read was pending
+        reading_ = false;
+        return;
+      }
       cancelled = cancelled_ || context_->IsCancelled();
+      if (!ok) {
+        reading_ = false;
+        read_closed_ = true;
+      }
     }
     if (!ok) {
-      ReleaseSlot();  // nothing more is read; a flush in flight is budgeted
+      ReleaseSlot();  // nothing more is read; batches in flight are budgeted
       OnClosed(cancelled);
       return;
     }
-    ack_.Clear();
-    ack_.set_throttle(service_->learner_->throttled());
+    // request_ and batch_ belong to this reaction until it starts the next read.
+    const bool throttle = service_->learner_->throttled();
     const DecodedBatch decoded = DecodeBatch(&request_, service_->config_.server(), &batch_);
     request_.Clear();
     if (decoded.result == DecodedBatch::kUnparsable) {
       service_->counters_->Rejected("message");
-      End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, decoded.error.message));
+      EndAfterAcks(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, decoded.error.message));
+      ReadNext(/*read_reaction_over=*/true);
       return;
     }
-    ack_.set_sequence(batch_.sequence());
+    const uint64_t sequence = batch_.sequence();
+    const uint64_t slot = OpenSlot();
     if (decoded.result == DecodedBatch::kRejected) {
-      Reject(decoded.error);
+      Reject(slot, sequence, throttle, decoded.error);
+      ReadNext(/*read_reaction_over=*/true);
       return;
     }
     IncomingBatch incoming;
     if (auto error = ValidateBatch(batch_, service_->spec_, service_->config_.server(), &incoming)) {
-      Reject(*error);
+      Reject(slot, sequence, throttle, *error);
+      ReadNext(/*read_reaction_over=*/true);
       return;
     }
     batch_.Clear();  // the columns are copied out; the next read parses into it again
@@ -99,39 +131,35 @@ class ExperienceService::StreamReactor final : public Reactor,
         if (auto self = weak.lock()) self->OnSuperseded();
       });
     } else if (incoming.stream_id != stream_id_) {
-      Reject(BatchError{v1::Error::INVALID_FIELD, "stream_id",
+      Reject(slot, sequence, throttle,
+             BatchError{v1::Error::INVALID_FIELD, "stream_id",
                         absl::StrCat("stream_id: \"", incoming.stream_id, "\" differs from \"", stream_id_,
                                      "\" that this stream started with")});
+      ReadNext(/*read_reaction_over=*/true);
       return;
     }
     const int64_t lag = std::max<int64_t>(
         0, service_->policy_version_.load(std::memory_order_relaxed) - incoming.policy_version);
     service_->sessions_->Submit(session_, std::move(incoming),
-                                [self = shared_from_this(), lag](IngestOutcome outcome) {
-                                  self->OnOutcome(std::move(outcome), lag);
+                                [self = shared_from_this(), slot, sequence, throttle, lag](IngestOutcome outcome) {
+                                  self->OnOutcome(slot, sequence, throttle, std::move(outcome), lag);
                                 });
+    ReadNext(/*read_reaction_over=*/true);
   }
 
   void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
-    if (!ok) {
-      End(grpc::Status(grpc::StatusCode::CANCELLED, "ack could not be written"));
-      return;
-    }
-    grpc::Status end;
     {
       absl::MutexLock lock(&mu_);
-      busy_ = false;
-      if (finished_) return;
-      if (superseded_) {
-        end = Superseded();
-      } else if (draining_) {
-        end = grpc::Status(grpc::StatusCode::UNAVAILABLE, "qstreamd is shutting down");
-      } else {
-        StartRead(&request_);  // under mu_: a takeover cannot Finish in between
-        return;
-      }
+      writing_ = false;
+      slots_.pop_front();  // the ack just written (EndNow keeps it while it is written)
+      ++first_slot_;
     }
-    End(end);
+    if (!ok) {
+      EndNow(grpc::Status(grpc::StatusCode::CANCELLED, "ack could not be written"));
+      return;
+    }
+    ReadNext(/*read_reaction_over=*/false);  // a slot came free
+    Pump();
   }
 
   void OnDone() override {
@@ -141,16 +169,28 @@ class ExperienceService::StreamReactor final : public Reactor,
   }
 
  private:
-  // Another stream attached to this stream_id (runs on its thread).
+  // A read batch awaiting its ack. `ready` with no ack: nothing is written
+  // for it (its outcome ended the stream).
+  struct Slot {
+    bool ready = false;
+    std::optional<grpc::ByteBuffer> ack;
+  };
+
+  uint64_t OpenSlot() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    slots_.emplace_back();
+    return first_slot_ + slots_.size() - 1;
+  }
+
+  // Another stream attached to this stream_id (runs on its thread): no more
+  // reads; the stream ends with ABORTED once the batches it read are answered.
   void OnSuperseded() ABSL_LOCKS_EXCLUDED(mu_) {
     {
       absl::MutexLock lock(&mu_);
       superseded_ = true;
-      if (finished_ || busy_) return;  // OnWriteDone ends it after the batch in flight
-      finished_ = true;
     }
-    ReleaseSlot();
-    Finish(Superseded());
+    StopReading();
+    EndAfterAcks(Superseded());
   }
 
   // Gives the stream's server.max_streams slot back as soon as the stream
@@ -165,17 +205,17 @@ class ExperienceService::StreamReactor final : public Reactor,
                         absl::StrCat("stream_id ", stream_id_, " was taken over by a newer stream"));
   }
 
-  // The read side ended: a half-close flushes the session's windows and ends
-  // with OK once they are in the replay; a cancelled call keeps them for a
-  // reconnect.
+  // The read side ended: a half-close flushes the session's windows (after
+  // the batches in flight, in the session's order) and ends with OK once
+  // they are in the replay and every ack is written; a cancelled call keeps
+  // them for a reconnect.
   void OnClosed(bool cancelled) {
-    if (session_ == nullptr) {
-      FinishOnce(cancelled ? grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled")
-                           : grpc::Status::OK);
+    if (cancelled) {
+      EndNow(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
       return;
     }
-    if (cancelled) {
-      End(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
+    if (session_ == nullptr) {
+      EndAfterAcks(grpc::Status::OK);
       return;
     }
     {
@@ -189,53 +229,150 @@ class ExperienceService::StreamReactor final : public Reactor,
         superseded = self->superseded_;
       }
       if (superseded) {
-        self->FinishOnce(self->Superseded());
+        self->EndAfterAcks(self->Superseded());
       } else if (!outcome.status.ok()) {
-        self->FinishOnce(NotInserted(outcome.status, "n-step windows flushed at half-close"));
+        self->EndAfterAcks(NotInserted(outcome.status, "n-step windows flushed at half-close"));
       } else {
-        self->FinishOnce(grpc::Status::OK);
+        self->EndAfterAcks(grpc::Status::OK);
       }
     });
   }
 
-  // Runs inline in Submit or on a learner callback thread.
-  void OnOutcome(IngestOutcome outcome, int64_t lag) ABSL_LOCKS_EXCLUDED(mu_) {
+  // Runs inline in Submit or on a learner callback thread, in submission order.
+  void OnOutcome(uint64_t slot, uint64_t sequence, bool throttle, IngestOutcome outcome, int64_t lag)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     if (!outcome.status.ok()) {
-      End(NotInserted(outcome.status, absl::StrCat("batch ", ack_.sequence())));
+      Fill(slot, std::nullopt);
+      StopReading();
+      EndAfterAcks(NotInserted(outcome.status, absl::StrCat("batch ", sequence)));
       return;
     }
     service_->replay_size_.store(outcome.replay_size, std::memory_order_relaxed);
     if (outcome.error) {
-      Reject(*outcome.error);
+      Reject(slot, sequence, throttle, *outcome.error);
       return;
     }
     if (!outcome.duplicate && outcome.accepted > 0) service_->counters_->Accepted(outcome.accepted, lag);
-    ack_.set_duplicate(outcome.duplicate);
-    WriteAck(outcome.accepted);
+    v1::Ack ack;
+    ack.set_sequence(sequence);
+    ack.set_throttle(throttle);
+    ack.set_duplicate(outcome.duplicate);
+    ack.set_accepted(static_cast<uint32_t>(outcome.accepted));
+    WriteAck(slot, &ack);
   }
 
-  void Reject(const BatchError& error) {
+  void Reject(uint64_t slot, uint64_t sequence, bool throttle, const BatchError& error) {
     service_->counters_->Rejected(error.field);
-    *ack_.mutable_error() = error.ToProto();
-    WriteAck(0);
+    v1::Ack ack;
+    ack.set_sequence(sequence);
+    ack.set_throttle(throttle);
+    *ack.mutable_error() = error.ToProto();
+    WriteAck(slot, &ack);
   }
 
-  void WriteAck(int64_t accepted) ABSL_LOCKS_EXCLUDED(mu_) {
-    ack_.set_accepted(static_cast<uint32_t>(accepted));
-    ack_.set_replay_size(service_->replay_size_.load(std::memory_order_relaxed));
-    ack_.set_policy_version(service_->policy_version_.load(std::memory_order_relaxed));
+  void WriteAck(uint64_t slot, v1::Ack* ack) ABSL_LOCKS_EXCLUDED(mu_) {
+    ack->set_replay_size(service_->replay_size_.load(std::memory_order_relaxed));
+    ack->set_policy_version(service_->policy_version_.load(std::memory_order_relaxed));
+    grpc::ByteBuffer bytes;
     bool own_buffer;
-    response_.Clear();
-    if (!grpc::SerializationTraits<v1::Ack>::Serialize(ack_, &response_, &own_buffer).ok()) {
-      End(grpc::Status(grpc::StatusCode::INTERNAL, "ack could not be serialized"));
+    if (!grpc::SerializationTraits<v1::Ack>::Serialize(*ack, &bytes, &own_buffer).ok()) {
+      Fill(slot, std::nullopt);
+      EndAfterAcks(grpc::Status(grpc::StatusCode::INTERNAL, "ack could not be serialized"));
       return;
     }
-    absl::MutexLock lock(&mu_);
-    if (!finished_) StartWrite(&response_);
+    Fill(slot, std::move(bytes));
   }
 
-  // Ends the stream without a flush: the session stays for a reconnect.
-  void End(grpc::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
+  void Fill(uint64_t slot, std::optional<grpc::ByteBuffer> ack) ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (slot < first_slot_ || slot - first_slot_ >= slots_.size()) return;  // dropped by EndNow
+      Slot& s = slots_[slot - first_slot_];
+      s.ready = true;
+      s.ack = std::move(ack);
+    }
+    Pump();
+  }
+
+  // Writes the front ack when it is ready and no write is outstanding; skips
+  // slots that get no ack; finishes once everything is written and an end is due.
+  void Pump() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || writing_) return;
+    while (!slots_.empty() && slots_.front().ready && !slots_.front().ack.has_value()) {
+      slots_.pop_front();
+      ++first_slot_;
+    }
+    if (!slots_.empty()) {
+      if (!slots_.front().ready) return;
+      writing_ = true;
+      grpc::WriteOptions options;
+      if (slots_.size() > 1 && slots_[1].ready) options.set_buffer_hint();  // more follow at once
+      StartWrite(&*slots_.front().ack, options);
+      return;
+    }
+    if (end_.has_value()) {
+      finished_ = true;
+      FinishLocked(std::move(*end_));
+    }
+  }
+
+  // Starts the next read unless one is pending, the window is full or
+  // reading has stopped. `read_reaction_over`: called at the end of
+  // OnReadDone's reaction (the read it handled is no longer pending).
+  void ReadNext(bool read_reaction_over) ABSL_LOCKS_EXCLUDED(mu_) {
+    bool pump = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (read_reaction_over) reading_ = false;
+      if (finished_ || read_closed_ || end_.has_value() || superseded_ || draining_) {
+        pump = true;
+      } else if (!reading_ && slots_.size() < window_) {
+        reading_ = true;
+        StartRead(&request_);  // under mu_: a takeover cannot Finish in between
+      }
+    }
+    if (pump) Pump();
+  }
+
+  void StopReading() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    read_closed_ = true;
+  }
+
+  // Ends the stream once every batch read so far is answered; the session
+  // keeps its windows for a reconnect unless a half-close flushed them.
+  void EndAfterAcks(grpc::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
+    DetachUnclean();
+    {
+      absl::MutexLock lock(&mu_);
+      read_closed_ = true;
+      if (finished_ || end_.has_value()) return;
+      end_ = std::move(status);  // a pending read completes with ok = false after the Finish
+    }
+    Pump();
+  }
+
+  // Ends the stream now, dropping unwritten acks (the client is gone).
+  void EndNow(grpc::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
+    DetachUnclean();
+    absl::MutexLock lock(&mu_);
+    read_closed_ = true;
+    // Drop the unwritten acks; one being written stays until OnWriteDone.
+    if (writing_) {
+      slots_.erase(slots_.begin() + 1, slots_.end());
+    } else {
+      first_slot_ += slots_.size();
+      slots_.clear();
+    }
+    if (finished_) return;
+    if (!end_.has_value()) end_ = std::move(status);
+    if (writing_) return;  // OnWriteDone finishes
+    finished_ = true;
+    FinishLocked(std::move(*end_));
+  }
+
+  void DetachUnclean() ABSL_LOCKS_EXCLUDED(mu_) {
     bool detach = false;
     {
       absl::MutexLock lock(&mu_);
@@ -243,40 +380,38 @@ class ExperienceService::StreamReactor final : public Reactor,
       detached_ = true;
     }
     if (detach) service_->sessions_->Detach(session_, /*clean=*/false, [](IngestOutcome) {});
-    FinishOnce(std::move(status));
   }
 
-  void FinishOnce(grpc::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (finished_) return;
-      finished_ = true;
-    }
+  void FinishLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ReleaseSlot();
     Finish(std::move(status));
   }
 
   ExperienceService* const service_;
   grpc::CallbackServerContext* const context_;
+  const size_t window_;
   std::shared_ptr<StreamReactor> self_;
   std::atomic<bool> slot_released_{false};
 
   absl::Mutex mu_;
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // from a read's completion until its ack is written
+  std::deque<Slot> slots_ ABSL_GUARDED_BY(mu_);  // read, ack not yet written
+  uint64_t first_slot_ ABSL_GUARDED_BY(mu_) = 0;  // the id of slots_.front()
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;  // a read is pending or its reaction runs
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);  // finish with this once acks are written
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool superseded_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool detached_ ABSL_GUARDED_BY(mu_) = false;
 
-  // Touched only by the reaction in progress (one at a time: a read, its
-  // outcome, its write), set at the first valid batch.
+  // Touched only by the reaction of the latest read (one at a time), set at
+  // the first valid batch.
   std::shared_ptr<IngestSession> session_;
   std::string stream_id_;
   grpc::ByteBuffer request_;
-  grpc::ByteBuffer response_;
   v1::TransitionBatch batch_;
-  v1::Ack ack_;
 };
 
 ExperienceService::ExperienceService(Learner* learner, NetworkSpec spec, IngestCounters* counters,

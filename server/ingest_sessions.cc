@@ -49,10 +49,19 @@ struct IngestSessions::Work {
   }
 };
 
-struct IngestSessions::Finished {
-  Done done;
+// One issued work item, from Issue until its outcome is delivered. Tickets
+// are delivered (committed, then `done` run) strictly in issue order, whatever
+// order the learner's callback threads finish them in.
+struct IngestSessions::Ticket {
+  uint64_t id = 0;
+  bool completed = false;   // the outcome is known (inline, or the insert called back)
+  bool inserts = false;     // went to the learner (its status decides the commit)
+  bool flush = false;       // a window flush (counted as accepted with lag 0)
+  uint64_t sequence = 0;    // committed with the delta; 0: nothing to commit
+  NStepWindows delta;       // the windows this item changed, as they are after it
+  int64_t release_bytes = 0;  // returned to queued_bytes_ at delivery, less the windows gained
   IngestOutcome outcome;
-  int64_t release_bytes = 0;  // returned to queued_bytes_ before `done` runs
+  Done done;
 };
 
 struct IngestRecord {
@@ -62,20 +71,33 @@ struct IngestRecord {
   const uint64_t private_key;   // the owning handle's id for a private session, else 0
 
   absl::Mutex mu;
-  // Committed with the insert that made them true.
+  // Committed with the insert that made them true (what a checkpoint saves).
   uint64_t last_sequence ABSL_GUARDED_BY(mu) = 0;
   NStepWindows windows ABSL_GUARDED_BY(mu);
+  // The same as they will be once every issued ticket committed: the next
+  // work item is assembled against these, so a stream's batches pipeline
+  // into the learner instead of waiting one learner round each.
+  uint64_t issued_sequence ABSL_GUARDED_BY(mu) = 0;
+  NStepWindows issued_windows ABSL_GUARDED_BY(mu);
+  // An issued insert failed (the learner stopped): nothing more is issued
+  // until the tickets drained, then the issued state is the committed one again.
+  bool failed ABSL_GUARDED_BY(mu) = false;
   // Handle id of the attached stream (0: detached) and the handle itself.
   uint64_t holder ABSL_GUARDED_BY(mu) = 0;
   std::weak_ptr<IngestSession> holder_handle ABSL_GUARDED_BY(mu);
   uint64_t epoch ABSL_GUARDED_BY(mu) = 0;  // Attach count
   absl::Time detached_at ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
   bool expiry_flush_queued ABSL_GUARDED_BY(mu) = false;
-  // A work item is being processed or is in the learner; the rest wait.
-  bool busy ABSL_GUARDED_BY(mu) = false;
-  std::deque<IngestSessions::Work> queue ABSL_GUARDED_BY(mu);
+  // One thread issues (pumping) and one delivers (delivering) at a time.
+  bool pumping ABSL_GUARDED_BY(mu) = false;
+  bool delivering ABSL_GUARDED_BY(mu) = false;
+  std::deque<IngestSessions::Work> queue ABSL_GUARDED_BY(mu);  // not yet issued
+  std::deque<IngestSessions::Ticket> tickets ABSL_GUARDED_BY(mu);  // issued, not yet delivered
+  uint64_t next_ticket ABSL_GUARDED_BY(mu) = 1;
 
-  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !busy && queue.empty(); }
+  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return !pumping && !delivering && queue.empty() && tickets.empty();
+  }
 };
 
 namespace {
@@ -184,7 +206,6 @@ std::shared_ptr<IngestSession> IngestSessions::Attach(const std::string& stream_
 }
 
 void IngestSessions::Submit(const std::shared_ptr<IngestSession>& session, IncomingBatch batch, Done done) {
-  const std::shared_ptr<IngestRecord>& r = session->record();
   const int64_t bytes = batch.bytes();
   if (!TryReserve(bytes)) {
     counters_->Rejected("queued_bytes");
@@ -196,15 +217,7 @@ void IngestSessions::Submit(const std::shared_ptr<IngestSession>& session, Incom
   Work work = Work::Of(Work::Type::kBatch, std::move(done));
   work.reserved_bytes = bytes;
   work.batch = std::move(batch);
-  {
-    absl::MutexLock lock(&r->mu);
-    if (!r->Idle()) {
-      r->queue.push_back(std::move(work));
-      return;
-    }
-    r->busy = true;
-  }
-  Run(r, std::move(work));
+  Post(session->record(), std::move(work));
 }
 
 void IngestSessions::Detach(const std::shared_ptr<IngestSession>& session, bool clean, Done flushed) {
@@ -241,119 +254,165 @@ void IngestSessions::Detach(const std::shared_ptr<IngestSession>& session, bool 
 void IngestSessions::Post(const std::shared_ptr<IngestRecord>& r, Work work) {
   {
     absl::MutexLock lock(&r->mu);
-    if (!r->Idle()) {
-      r->queue.push_back(std::move(work));
-      return;
-    }
-    r->busy = true;
+    r->queue.push_back(std::move(work));
   }
-  Run(r, std::move(work));
+  Pump(r);
 }
 
-void IngestSessions::Run(const std::shared_ptr<IngestRecord>& r, Work work) {
-  while (true) {
-    std::optional<Finished> finished = Process(r, work);
-    if (!finished) return;  // the insert callback carries on
-    std::optional<Work> next;
-    {
-      absl::MutexLock lock(&r->mu);
-      if (r->queue.empty()) {
-        r->busy = false;
-      } else {
-        next = std::move(r->queue.front());
-        r->queue.pop_front();
-      }
-    }
-    Release(finished->release_bytes);
-    if (finished->done) finished->done(std::move(finished->outcome));
-    if (!next) return;
-    work = std::move(*next);
-  }
+// May the front of the queue be issued now? A batch whose sequence is above
+// the committed one but not above the issued one is a resend of a batch still
+// in flight: it waits for that outcome (duplicate if it committed, processed
+// afresh if it failed). After a failed insert nothing is issued until the
+// tickets drained.
+bool IngestSessions::CanIssue(const IngestRecord& r) {
+  if (r.queue.empty() || r.failed || r.tickets.size() >= kMaxTicketsPerSession) return false;
+  const Work& w = r.queue.front();
+  if (w.type != Work::Type::kBatch) return true;
+  const uint64_t sequence = w.batch.sequence;
+  return sequence == 0 || sequence <= r.last_sequence || sequence > r.issued_sequence;
 }
 
-std::optional<IngestSessions::Finished> IngestSessions::Process(const std::shared_ptr<IngestRecord>& r,
-                                                                Work& work) {
-  const bool flush = work.type != Work::Type::kBatch;
-  Finished finished{std::move(work.done), Outcome(replay_size_.load(std::memory_order_relaxed)),
-                    work.reserved_bytes};
-  const int64_t window_bytes = assembler_.window_bytes();
-  int64_t opened_bytes = 0;  // reserved for the windows this batch may open
-  uint64_t sequence = 0;
-  NStepWindows delta;
-  TransitionColumns columns = EmptyColumns(spec_);
+void IngestSessions::Pump(const std::shared_ptr<IngestRecord>& r) {
   {
     absl::MutexLock lock(&r->mu);
+    if (r->pumping) return;  // that thread issues this work too
+    r->pumping = true;
+  }
+  while (true) {
+    Work work;
+    {
+      absl::MutexLock lock(&r->mu);
+      if (r->failed && r->tickets.empty()) {
+        r->failed = false;
+        r->issued_sequence = r->last_sequence;
+        r->issued_windows = r->windows;
+      }
+      if (!CanIssue(*r)) {
+        r->pumping = false;
+        return;
+      }
+      work = std::move(r->queue.front());
+      r->queue.pop_front();
+    }
+    Issue(r, work);
+    Deliver(r);
+  }
+}
+
+void IngestSessions::Issue(const std::shared_ptr<IngestRecord>& r, Work& work) {
+  const bool flush = work.type != Work::Type::kBatch;
+  const int64_t window_bytes = assembler_.window_bytes();
+  TransitionColumns columns = EmptyColumns(spec_);
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&r->mu);
+    Ticket& t = r->tickets.emplace_back();
+    t.id = id = r->next_ticket++;
+    t.done = std::move(work.done);
+    t.flush = flush;
+    t.release_bytes = work.reserved_bytes;
+    t.outcome = Outcome(replay_size_.load(std::memory_order_relaxed));
+    t.completed = true;  // unless it goes to the learner below
     if (flush) {
       if (work.type == Work::Type::kExpiryFlush) {
         r->expiry_flush_queued = false;
-        if (r->holder != 0 || r->epoch != work.epoch) return finished;  // a stream re-attached: keep them
+        if (r->holder != 0 || r->epoch != work.epoch) return;  // a stream re-attached: keep them
       }
-      if (r->windows.empty()) return finished;
-      assembler_.Flush(r->windows, &columns);
-      for (const auto& [id, w] : r->windows) delta.emplace(id, NStepWindow{});
+      if (r->issued_windows.empty()) return;
+      assembler_.Flush(r->issued_windows, &columns);
+      for (const auto& [env, w] : r->issued_windows) t.delta.emplace(env, NStepWindow{});
     } else {
       IncomingBatch& batch = work.batch;
-      sequence = batch.sequence;
-      if (sequence != 0 && sequence <= r->last_sequence) {
-        finished.outcome.duplicate = true;
-        return finished;
+      if (batch.sequence != 0 && batch.sequence <= r->last_sequence) {
+        t.outcome.duplicate = true;
+        return;
       }
       if (batch.kind == v1::TransitionBatch::KIND_STEP) {
-        if (auto error = assembler_.Add(batch, r->windows, &delta, &columns)) {
-          finished.outcome.error = std::move(*error);
-          return finished;
+        if (auto error = assembler_.Add(batch, r->issued_windows, &t.delta, &columns)) {
+          t.outcome.error = std::move(*error);
+          return;
         }
         // Part of the batch that Submit admitted (its overshoot, if any).
-        opened_bytes = NStepAssembler::Opened(delta, r->windows) * window_bytes;
+        const int64_t opened_bytes = NStepAssembler::Opened(t.delta, r->issued_windows) * window_bytes;
         queued_bytes_.fetch_add(opened_bytes, std::memory_order_relaxed);
+        t.release_bytes += opened_bytes;
       } else {
         columns = std::move(batch.columns);
       }
-      if (columns.n == 0) {  // every step waits in its window: nothing to insert, commit now
-        const int64_t gained = NStepAssembler::Commit(&delta, &r->windows);
-        if (sequence != 0) r->last_sequence = std::max(r->last_sequence, sequence);
-        finished.release_bytes += opened_bytes - gained * window_bytes;
-        return finished;
-      }
+      t.sequence = batch.sequence;
     }
+    // The issued state moves on now; the committed one at delivery.
+    NStepWindows issued = t.delta;
+    NStepAssembler::Commit(&issued, &r->issued_windows);
+    r->issued_sequence = std::max(r->issued_sequence, t.sequence);
+    if (columns.n == 0) return;  // every step waits in its window: commits at delivery
+    t.completed = false;
+    t.inserts = true;
+    t.outcome.accepted = columns.n;
   }
-  const int64_t n = columns.n;
-  // Commits the sequence and the windows in the insert callback, right after
-  // the insert (or drops them when it failed), then runs the record's next
-  // work item.
-  auto on_inserted = [this, r, flush, sequence, n, delta = std::move(delta), window_bytes,
-                      release = finished.release_bytes + opened_bytes,
-                      done = std::move(finished.done)](absl::Status status, int64_t replay_size) mutable {
-    IngestOutcome outcome;
-    std::optional<Work> next;
-    if (status.ok()) {
-      replay_size_.store(replay_size, std::memory_order_relaxed);
-      outcome.accepted = n;
-      outcome.replay_size = replay_size;
-      if (flush) counters_->Accepted(n, 0);
-    } else {
-      outcome.status = std::move(status);
-      outcome.replay_size = replay_size_.load(std::memory_order_relaxed);
-    }
+  // Outside the record's lock: an idle learner inserts on this thread and
+  // calls back at once. Issue order is Enqueue order (one pumping thread).
+  learner_->Enqueue(std::move(columns), [this, r, id](absl::Status status, int64_t replay_size) {
     {
       absl::MutexLock lock(&r->mu);
-      if (outcome.status.ok()) {
-        release -= NStepAssembler::Commit(&delta, &r->windows) * window_bytes;
-        if (sequence != 0) r->last_sequence = std::max(r->last_sequence, sequence);
-      }
-      if (r->queue.empty()) {
-        r->busy = false;
+      Ticket& t = r->tickets[id - r->tickets.front().id];
+      t.completed = true;
+      t.outcome.status = std::move(status);
+      if (t.outcome.status.ok()) {
+        replay_size_.store(replay_size, std::memory_order_relaxed);
+        t.outcome.replay_size = replay_size;
       } else {
-        next = std::move(r->queue.front());
-        r->queue.pop_front();
+        t.outcome.accepted = 0;
       }
     }
-    Release(release);
-    if (done) done(std::move(outcome));
-    if (next) Run(r, std::move(*next));
-  };
-  learner_->Enqueue(std::move(columns), std::move(on_inserted));
-  return std::nullopt;
+    Deliver(r);
+  });
+}
+
+void IngestSessions::Deliver(const std::shared_ptr<IngestRecord>& r) {
+  const int64_t window_bytes = assembler_.window_bytes();
+  bool delivered = false;
+  {
+    absl::MutexLock lock(&r->mu);
+    if (r->delivering) return;  // that thread delivers this outcome too, in order
+    r->delivering = true;
+  }
+  while (true) {
+    std::vector<Ticket> ready;
+    {
+      absl::MutexLock lock(&r->mu);
+      while (!r->tickets.empty() && r->tickets.front().completed) {
+        Ticket& t = r->tickets.front();
+        if (t.inserts && !t.outcome.status.ok()) {
+          r->failed = true;
+        } else if (r->failed) {
+          // Issued after an earlier insert of this session, which failed:
+          // assembled on windows that never were. Only a stopping learner
+          // fails an insert, and it fails every later one too; whatever this
+          // item would commit is dropped and its stream ends.
+          if (t.inserts || t.sequence != 0 || !t.delta.empty()) {
+            t.outcome.status = absl::AbortedError("an earlier batch of this stream was not inserted");
+          }
+        } else {
+          t.release_bytes -= NStepAssembler::Commit(&t.delta, &r->windows) * window_bytes;
+          r->last_sequence = std::max(r->last_sequence, t.sequence);
+        }
+        ready.push_back(std::move(t));
+        r->tickets.pop_front();
+      }
+      if (ready.empty()) {
+        r->delivering = false;
+        break;
+      }
+    }
+    delivered = true;
+    for (Ticket& t : ready) {
+      Release(t.release_bytes);
+      if (t.flush && t.outcome.status.ok() && t.outcome.accepted > 0) counters_->Accepted(t.outcome.accepted, 0);
+      if (t.done) t.done(std::move(t.outcome));
+    }
+  }
+  if (delivered) Pump(r);  // a drained ticket may let the queue's front go
 }
 
 void IngestSessions::MaybeForgetPrivate(const std::shared_ptr<IngestRecord>& r) {
@@ -393,7 +452,7 @@ void IngestSessions::Expire(absl::Time now) {
       absl::MutexLock record_lock(&r->mu);
       if (r->holder != 0) continue;
       const absl::Duration age = now - r->detached_at;
-      if (!r->windows.empty() && age >= resume && !r->expiry_flush_queued) {
+      if (!r->issued_windows.empty() && age >= resume && !r->expiry_flush_queued) {
         r->expiry_flush_queued = true;
         expired.emplace_back(r, r->epoch);
       }
@@ -441,7 +500,8 @@ absl::Status IngestSessions::Restore(const v1::IngestState& state) {
     }
     auto r = std::make_shared<IngestRecord>(s.stream_id(), 0);
     absl::MutexLock lock(&r->mu);
-    r->last_sequence = s.last_sequence();
+    r->last_sequence = r->issued_sequence = s.last_sequence();
+    r->issued_windows = windows;
     r->windows = std::move(windows);
     r->detached_at = now;
     restored.emplace(s.stream_id(), std::move(r));

@@ -9,10 +9,14 @@
 // consistent cut of replay + sessions).
 //
 // The contract it implements is written in proto/qstream/v1/experience.proto.
-// Per session, batches are processed one at a time in arrival order: a batch
-// submitted while another of the same session is in flight waits for that
-// outcome (which is how a resend of an in-flight sequence learns it is a
-// duplicate, and how n-step windows see steps in order).
+// Per session, batches are processed in arrival order and pipelined: each is
+// assembled against the state the session will have once the batches before
+// it committed (the "issued" state) and goes to the learner without waiting
+// for them; commits and `done` callbacks run strictly in submission order. A
+// resend of a sequence still in flight waits for that outcome (duplicate if
+// it committed, processed afresh if it failed). The learner inserts in
+// Enqueue order and fails an insert only when it stops (and then every later
+// one), so the issued state never gets ahead of what ends up committed.
 //
 // Sessions are bounded (server.max_sessions) and expire by age: a session
 // whose stream broke off keeps its windows for server.stream_resume_seconds,
@@ -95,9 +99,11 @@ class IngestSessions {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Submits a validated batch (ValidateBatch's columns). `done` runs exactly
-  // once: inline for a duplicate or a session-level rejection, else on a
-  // learner callback thread once the batch is committed (or failed). `done` must not
-  // block. A stream submits its next batch only after `done` ran.
+  // once, in submission order among the session's batches: inline when
+  // nothing is in flight before it (a duplicate, a session-level rejection),
+  // else on a learner callback thread once the batch is committed (or
+  // failed). `done` must not block. A stream may submit its next batches
+  // before `done` ran (pipelining).
   void Submit(const std::shared_ptr<IngestSession>& session, IncomingBatch batch, Done done)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -131,17 +137,25 @@ class IngestSessions {
  private:
   friend struct IngestRecord;
   struct Work;
-  struct Finished;
+  struct Ticket;
 
-  // Queues `work` on the record, or runs it now when the record is idle.
+  // Issued but undelivered work items per session: the pipeline's depth
+  // (the reactor's server.max_in_flight_per_stream bounds a stream's share;
+  // this bounds a session taken over while its old stream's items run).
+  static constexpr size_t kMaxTicketsPerSession = 1024;
+
+  // Queues `work` on the record and pumps it.
   void Post(const std::shared_ptr<IngestRecord>& r, Work work) ABSL_LOCKS_EXCLUDED(mu_);
-  // Runs work items of `r` one at a time, starting with `work`; the caller
-  // holds the record's claim (IngestRecord::busy).
-  void Run(const std::shared_ptr<IngestRecord>& r, Work work) ABSL_LOCKS_EXCLUDED(mu_);
-  // Starts one work item: returns its outcome when it completed at once, or
-  // nullopt when it went to the learner (the insert callback finishes it).
-  std::optional<Finished> Process(const std::shared_ptr<IngestRecord>& r, Work& work)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Issues queued work items of `r` while they may go (one thread at a time).
+  void Pump(const std::shared_ptr<IngestRecord>& r) ABSL_LOCKS_EXCLUDED(mu_);
+  static bool CanIssue(const IngestRecord& r);
+  // Assembles one work item against the record's issued state and hands its
+  // columns to the learner, or completes it at once (duplicate, rejection,
+  // nothing to insert).
+  void Issue(const std::shared_ptr<IngestRecord>& r, Work& work) ABSL_LOCKS_EXCLUDED(mu_);
+  // Commits and runs the `done` of every completed ticket at the front, in
+  // issue order (one thread at a time).
+  void Deliver(const std::shared_ptr<IngestRecord>& r) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops a private session once its stream is gone and its windows are in
   // the replay.
   void MaybeForgetPrivate(const std::shared_ptr<IngestRecord>& r) ABSL_LOCKS_EXCLUDED(mu_);

@@ -1,7 +1,10 @@
 #include "trainer/callback_runner.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <utility>
+
+#include "absl/strings/numbers.h"
 
 namespace qstream {
 
@@ -18,6 +21,10 @@ CallbackRunner::~CallbackRunner() {
 }
 
 int CallbackRunner::DefaultThreads() {
+  int threads = 0;
+  if (const char* env = std::getenv("QSTREAM_CALLBACK_THREADS"); env != nullptr && absl::SimpleAtoi(env, &threads)) {
+    return std::clamp(threads, 1, 64);
+  }
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   return std::clamp(cores / 8, 1, 4);
 }

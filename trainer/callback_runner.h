@@ -34,7 +34,9 @@ class CallbackRunner {
   void WaitIdle() ABSL_LOCKS_EXCLUDED(mu_);
 
   int threads() const { return static_cast<int>(threads_.size()); }
-  // The default for a machine: one thread per 8 cores, 1 to 4.
+  // The default for a machine: one thread per 8 cores, 1 to 4;
+  // QSTREAM_CALLBACK_THREADS (1-64) overrides it (tests use it to run
+  // callbacks of one round concurrently on a small machine).
   static int DefaultThreads();
 
  private:

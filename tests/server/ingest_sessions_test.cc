@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -291,6 +292,53 @@ TEST(IngestSessionsTest, ResendWaitsForTheOriginalInFlight) {
   EXPECT_TRUE(SubmitAndWait(rig.sessions.get(), new_stream, NStep(1, "actor-2", {5})).duplicate);
 }
 
+// Pipelined: batches 1 and 2 go to the learner without waiting for each
+// other; a resend of 2 waits for its original; a rejected batch and a
+// duplicate behind them are answered after them; n-step windows continue
+// across the pipelined batches exactly as if each had waited.
+TEST(IngestSessionsTest, PipelinedOutcomesComeInSubmissionOrder) {
+  v1::TrainerConfig c = Config();
+  c.mutable_server()->set_max_envs_per_stream(2);
+  Rig rig(c);  // not started: every insert stays in flight until Start
+  auto s = rig.sessions->Attach("actor-p", [] {});
+  absl::Mutex mu;
+  std::vector<std::pair<int, IngestOutcome>> outcomes;
+  auto submit = [&](int index, IncomingBatch b) {
+    rig.sessions->Submit(s, std::move(b), [&, index](IngestOutcome o) {
+      absl::MutexLock lock(&mu);
+      outcomes.emplace_back(index, std::move(o));
+    });
+  };
+  submit(0, Step(1, "actor-p", {{0, 0, 1}, {0, 1, 2}, {0, 2, 4}}));  // one transition, window [1, 2]
+  submit(1, Step(2, "actor-p", {{0, 3, 8}, {1, 10, 1}}));            // one more (from step 1)
+  submit(2, Step(2, "actor-p", {{0, 3, 8}, {1, 10, 1}}));            // resend of 2 in flight
+  submit(3, Step(3, "actor-p", {{2, 20, 1}}));                       // a third env: rejected
+  submit(4, NStep(1, "actor-p", {7}));                               // duplicate of 1 (once committed)
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(outcomes.empty());  // nothing answered ahead of the inserts in flight
+  }
+  rig.learner->Start();
+  {
+    absl::MutexLock lock(&mu);
+    auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return outcomes.size() == 5; };
+    mu.Await(absl::Condition(&all));
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(outcomes[i].first, i);
+    EXPECT_EQ(outcomes[0].second.accepted, 1);
+    EXPECT_EQ(outcomes[1].second.accepted, 1);
+    EXPECT_FALSE(outcomes[1].second.duplicate);
+    EXPECT_TRUE(outcomes[2].second.duplicate);
+    ASSERT_TRUE(outcomes[3].second.error.has_value());
+    EXPECT_EQ(outcomes[3].second.error->field, "env_ids");
+    EXPECT_TRUE(outcomes[4].second.duplicate);
+  }
+  const auto rows = rig.log->Rows();
+  ASSERT_EQ(rows.size(), 2u);
+  ExpectRow(rows[0], 0, 1 + 0.5f * 2 + 0.25f * 4, 0.125f, 3);
+  ExpectRow(rows[1], 1, 2 + 0.5f * 4 + 0.25f * 8, 0.125f, 4);
+  EXPECT_EQ(rig.sessions->pending_transitions(), 3);  // env 0: steps 2, 3; env 1: step 10
+}
+
 TEST(IngestSessionsTest, AFailedInsertCommitsNothingAndAResendInserts) {
   v1::IngestState saved;
   {
@@ -526,8 +574,17 @@ TEST(IngestSessionsTest, SaveRestoreRoundTripAndPrivateSessionsFlushAtRestore) {
 // Many concurrent streams over a few stream_ids with random resends,
 // takeovers and clean/unclean ends: once everything is flushed, the rows
 // inserted are exactly the acknowledged ones, each once.
-void RunProperty(uint32_t seed) {
-  Rig rig;
+void RunProperty(uint32_t seed, bool pipelined) {
+  v1::TrainerConfig c = Config();
+  if (pipelined) {
+    // The learner steps all along, so inserts go through its rounds and
+    // their callbacks run on 4 threads: a stream's outcomes finish out of
+    // order and the sessions must still commit and answer them in order.
+    c.mutable_rate_limiter()->set_min_size_to_sample(1);
+    setenv("QSTREAM_CALLBACK_THREADS", "4", 1);
+  }
+  Rig rig(c);
+  unsetenv("QSTREAM_CALLBACK_THREADS");
   rig.learner->Start();
   constexpr int kThreads = 8;
   constexpr int kConnections = 60;  // per thread
@@ -555,13 +612,24 @@ void RunProperty(uint32_t seed) {
     auto superseded = std::make_shared<std::atomic<bool>>(false);
     auto s = rig.sessions->Attach(id, [superseded] { *superseded = true; });
     const int batches = 1 + rng() % 6;
+    // Pipelined: up to `window` batches submitted before their outcomes;
+    // outcomes must come in submission order.
+    const int window = pipelined ? 1 + static_cast<int>(rng() % 8) : 1;
+    absl::Mutex flight_mu;
+    int in_flight = 0;
+    std::vector<int> outcome_order;
     for (int b = 0; b < batches && !*superseded; ++b) {
-      absl::Notification done;
-      IncomingBatch batch;
+      {
+        absl::MutexLock lock(&flight_mu);
+        auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(flight_mu) { return in_flight < window; };
+        flight_mu.Await(absl::Condition(&room));
+        ++in_flight;
+      }
+      auto batch = std::make_shared<IncomingBatch>();
       {
         absl::MutexLock lock(&client.mu);
         if (client.next > 0 && rng() % 4 == 0) {  // resend an old one
-          batch = client.sent[1 + rng() % client.next];
+          *batch = client.sent[1 + rng() % client.next];
         } else {
           const int n = 1 + rng() % 4;
           std::vector<float> tags;
@@ -572,11 +640,11 @@ void RunProperty(uint32_t seed) {
             steps.push_back({static_cast<uint32_t>(rng() % 3), tag, 1, rng() % 5 == 0});
           }
           const uint64_t seq = ++client.next;
-          batch = step ? Step(seq, id, steps) : NStep(seq, id, tags);
-          client.sent[seq] = batch;
+          *batch = step ? Step(seq, id, steps) : NStep(seq, id, tags);
+          client.sent[seq] = *batch;
         }
         // Submitted under the client's lock: one client sends in sequence order.
-        rig.sessions->Submit(s, batch, [&](IngestOutcome o) {
+        rig.sessions->Submit(s, *batch, [&, batch, b](IngestOutcome o) {
           EXPECT_TRUE(o.status.ok()) << o.status;
           EXPECT_FALSE(o.error.has_value());
           {
@@ -584,13 +652,22 @@ void RunProperty(uint32_t seed) {
             if (o.duplicate) {
               ++duplicates;
             } else {
-              for (float t : batch.columns.obs) acked.insert(t);
+              for (float t : batch->columns.obs) acked.insert(t);
             }
           }
-          done.Notify();
+          absl::MutexLock lock(&flight_mu);
+          outcome_order.push_back(b);
+          --in_flight;
         });
       }
-      done.WaitForNotification();
+    }
+    {
+      absl::MutexLock lock(&flight_mu);
+      auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(flight_mu) { return in_flight == 0; };
+      flight_mu.Await(absl::Condition(&idle));
+      for (size_t i = 0; i < outcome_order.size(); ++i) {
+        EXPECT_EQ(outcome_order[i], static_cast<int>(i)) << "outcomes out of submission order (seed " << seed << ")";
+      }
     }
     DetachAndWait(rig.sessions.get(), s, /*clean=*/rng() % 2 == 0);
   };
@@ -616,7 +693,14 @@ void RunProperty(uint32_t seed) {
 }
 
 TEST(IngestSessionsPropertyTest, InsertedEqualsAcknowledgedExactlyOnce) {
-  for (uint32_t seed : {1u, 2u, 3u, 4u, 5u, 6u}) RunProperty(seed);
+  for (uint32_t seed : {1u, 2u, 3u, 4u, 5u, 6u}) RunProperty(seed, /*pipelined=*/false);
+}
+
+// The same with each connection keeping up to 8 batches in flight (what the
+// stream reactor does with server.max_in_flight_per_stream): every batch
+// assembled against the state its predecessors leave, outcomes in order.
+TEST(IngestSessionsPropertyTest, PipelinedInsertedEqualsAcknowledgedExactlyOnce) {
+  for (uint32_t seed : {11u, 12u, 13u, 14u, 15u, 16u}) RunProperty(seed, /*pipelined=*/true);
 }
 
 // The same streams with a checkpoint taken at a random moment while they run,
