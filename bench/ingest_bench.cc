@@ -89,6 +89,11 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f) {
 // Learner progress at one instant: steps taken and the step-time histogram.
 struct LearnerMark {
   int64_t steps = 0;
+  int64_t rounds = 0;
+  double round_seconds = 0;
+  int64_t round_budget = 0;
+  int64_t batches = 0;
+  int64_t pending = 0;
   uint64_t timed_steps = 0;
   double step_seconds = 0;
   absl::Time at;
@@ -96,7 +101,13 @@ struct LearnerMark {
 
 LearnerMark Mark(Daemon* daemon) {
   LearnerMark m;
-  m.steps = daemon->learner()->status().steps;
+  const LearnerStatus status = daemon->learner()->status();
+  m.steps = status.steps;
+  m.rounds = status.insert_rounds;
+  m.round_seconds = status.insert_round_seconds;
+  m.round_budget = status.insert_round_budget;
+  m.batches = status.batches_inserted;
+  m.pending = status.pending_batches;
   for (const auto& family : daemon->metrics().registry()->Collect()) {
     if (family.name != "qstream_train_step_seconds" || family.metric.empty()) continue;
     m.timed_steps = family.metric[0].histogram.sample_count;
@@ -109,11 +120,21 @@ LearnerMark Mark(Daemon* daemon) {
 struct LearnerRate {
   double steps_per_s = 0;
   double step_us = 0;  // mean of the timed steps (the backend's own step timer)
+  double rounds_per_s = 0;
+  double round_us = 0;  // mean insert round
+  double batches_per_round = 0;
 };
 
 LearnerRate Rate(const LearnerMark& a, const LearnerMark& b) {
   LearnerRate r;
-  r.steps_per_s = static_cast<double>(b.steps - a.steps) / absl::ToDoubleSeconds(b.at - a.at);
+  const double seconds = absl::ToDoubleSeconds(b.at - a.at);
+  r.steps_per_s = static_cast<double>(b.steps - a.steps) / seconds;
+  const auto rounds = static_cast<double>(b.rounds - a.rounds);
+  r.rounds_per_s = rounds / seconds;
+  if (rounds > 0) {
+    r.round_us = 1e6 * (b.round_seconds - a.round_seconds) / rounds;
+    r.batches_per_round = static_cast<double>(b.batches - a.batches) / rounds;
+  }
   if (b.timed_steps > a.timed_steps) {
     r.step_us = 1e6 * (b.step_seconds - a.step_seconds) / static_cast<double>(b.timed_steps - a.timed_steps);
   }
@@ -190,8 +211,11 @@ absl::Status Run(const Flags& flags) {
     rates.push_back(rate);
     steps_ingest.push_back(lr.steps_per_s);
     step_us_ingest.push_back(lr.step_us);
-    std::fprintf(stderr, "  repeat %d: %.0f transitions/s, learner %.1f steps/s (%.0f us/step)\n", r, rate,
-                 lr.steps_per_s, lr.step_us);
+    std::fprintf(stderr,
+                 "  repeat %d: %.0f transitions/s, learner %.1f steps/s (%.0f us/step), insert rounds %.0f/s "
+                 "of %.1f us, %.1f batches each, row budget %lld, %lld batches pending\n",
+                 r, rate, lr.steps_per_s, lr.step_us, lr.rounds_per_s, lr.round_us, lr.batches_per_round,
+                 static_cast<long long>(m1.round_budget), static_cast<long long>(m1.pending));
   }
   if (absl::Status st = streams.Stop(); !st.ok()) return st;
   const int64_t errors = streams.error_acks();

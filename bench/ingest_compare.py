@@ -9,7 +9,10 @@ seconds on wall-clock instants shared by the clients and this driver. Peers:
 
   cpp            `qstream-bench load` (pre-serialized bodies, callback streams)
   python         bench/ingest_sdk_client.py: the qstream Python SDK
-                 (qstream.Writer when present, else ActorClient.send)
+                 (qstream.Writer when present, else ActorClient.send), one
+                 message per append of K transitions
+  python_buffered  the same appends into a Writer with its defaults
+                 (max_batch 512, max_delay 20 ms): what a user gets
   reverb_trajectory, reverb_legacy
                  bench/reverb_ingest.py: Reverb's TrajectoryWriter and legacy
                  Writer into a prioritized table (optional; needs dm-reverb)
@@ -63,11 +66,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-QSTREAM_PEERS = ("cpp", "python")
+QSTREAM_PEERS = ("cpp", "python", "python_buffered")
 REVERB_PEERS = ("reverb_trajectory", "reverb_legacy")
 PEER_NAMES = {
     "cpp": "qstream C++ (`qstream-bench load`)",
     "python": "qstream Python SDK",
+    "python_buffered": "qstream Python SDK, Writer defaults (512 per message)",
     "reverb_trajectory": "Reverb TrajectoryWriter",
     "reverb_legacy": "Reverb legacy Writer",
 }
@@ -236,20 +240,34 @@ def run_qstream(peer: str, k: int, clients: int, learner: str, args, config_path
         m = daemon.wait_for(r"listening grpc=(\S+) metrics=(\S+)", 120)
         grpc_address, metrics_address = m.group(1), m.group(2)
         if learner == "paused":
-            import qstream
+            try:
+                import qstream
 
-            with qstream.AdminClient(grpc_address) as admin:
-                admin.pause()
-        startup = args.python_startup_seconds if peer == "python" else 0.5
+                with qstream.AdminClient(grpc_address) as admin:
+                    admin.pause()
+            except ImportError:
+                # No SDK here (a GPU host without grpcio-tools): the same paused
+                # learner from the start.
+                daemon.stop()
+                daemon = Server([
+                    str(args.qstreamd), f"--backend={args.backend}", f"--config={config_path}",
+                    "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", "--start_paused",
+                    f"--samples_per_insert={args.samples_per_insert}", f"--min_size_to_sample={args.learner_batch}",
+                ])
+                m = daemon.wait_for(r"listening grpc=(\S+) metrics=(\S+)", 120)
+                grpc_address, metrics_address = m.group(1), m.group(2)
+        startup = args.python_startup_seconds if peer.startswith("python") else 0.5
         start_at = time.time() + startup + args.warmup_seconds
         common = [f"--items_per_message={k}", f"--start_at={start_at:.3f}",
                   f"--window_seconds={args.window_seconds}", f"--repeats={args.repeats}"]
         if peer == "cpp":
             argvs = [[str(args.bench), "load", f"--address={grpc_address}", "--config=h200", f"--seed={i + 1}",
-                      f"--streams={args.cpp_streams}"] + common for i in range(clients)]
+                      f"--streams={args.cpp_streams}", f"--in_flight={args.in_flight}"] + common for i in range(clients)]
         else:
+            buffered = ["--buffered"] if peer == "python_buffered" else []
             argvs = [[sys.executable, str(HERE / "ingest_sdk_client.py"), f"--address={grpc_address}",
-                      f"--seed={i + 1}", f"--api={args.python_api}"] + common for i in range(clients)]
+                      f"--seed={i + 1}", f"--api={args.python_api}", f"--max_in_flight={args.in_flight}"]
+                     + buffered + common for i in range(clients)]
         env = dict(os.environ, PYTHONPATH=f"{ROOT / 'clients' / 'python'}:{os.environ.get('PYTHONPATH', '')}")
         results, cpu, marks = run_clients(argvs, env, start_at, args, daemon.proc.pid,
                                           on_boundary=lambda: scrape_after_poll(metrics_address))
@@ -379,6 +397,7 @@ def run_case(peer: str, k: int, n: int, learner: str, args, config_path: str, co
         case["learner_batch"] = args.learner_batch
         case["backend"] = args.backend
         case["streams_per_client"] = args.cpp_streams if peer == "cpp" else 1
+        case["in_flight"] = args.in_flight
     log(f"{peer} learner={learner} items={k} clients={n} ...")
     try:
         if peer in QSTREAM_PEERS:
@@ -408,6 +427,8 @@ def main() -> int:
     p.add_argument("--learner_batch", type=int, default=256)
     p.add_argument("--backend", default="cpu", help="qstreamd --backend (cpu|cuda|auto)")
     p.add_argument("--cpp_streams", type=int, default=1, help="streams per `qstream-bench load` process")
+    p.add_argument("--in_flight", type=int, default=8,
+                   help="unacknowledged batches per stream (C++ load and the Python SDK's max_in_flight)")
     p.add_argument("--window_seconds", type=float, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup_seconds", type=float, default=2)

@@ -106,6 +106,9 @@ def main() -> int:
     p.add_argument("--max_in_flight", type=int, default=8)
     p.add_argument("--api", choices=["auto", "writer", "actor_client"], default="auto")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--buffered", action="store_true",
+                   help="Writer with its default flush rule (max_batch max(512, K), max_delay 20 ms) "
+                        "instead of one message per append")
     args = p.parse_args()
 
     api = args.api
@@ -116,8 +119,12 @@ def main() -> int:
     steps = [columns(k, rng) for _ in range(PAYLOADS)]
     stream_id = f"bench-{uuid.uuid4().hex[:12]}"
     if api == "writer":
-        client = qstream.Writer(args.address, obs_dim=OBS_DIM, num_branches=BRANCHES, max_batch=k,
-                                max_delay=1.0, max_in_flight=args.max_in_flight, stream_id=stream_id)
+        if args.buffered:
+            client = qstream.Writer(args.address, obs_dim=OBS_DIM, num_branches=BRANCHES, max_batch=max(512, k),
+                                    max_in_flight=args.max_in_flight, stream_id=stream_id)
+        else:
+            client = qstream.Writer(args.address, obs_dim=OBS_DIM, num_branches=BRANCHES, max_batch=k,
+                                    max_delay=1.0, max_in_flight=args.max_in_flight, stream_id=stream_id)
         env_ids = np.arange(k, dtype=np.uint32)
 
         def insert(c):
@@ -154,7 +161,7 @@ def main() -> int:
     windows = [{"acked": b[0] - a[0], "acks": b[1] - a[1] if a[1] >= 0 else None}
                for a, b in zip(marks, marks[1:])]
     print(json.dumps({
-        "client": f"python_{api}",
+        "client": f"python_{api}" + ("_buffered" if args.buffered else ""),
         "items_per_message": k,
         "window_seconds": args.window_seconds,
         "windows": windows,

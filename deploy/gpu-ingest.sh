@@ -4,7 +4,8 @@
 # 1. the CUDA tests of the replay upload (InsertMany) and compute-sanitizer memcheck on them;
 # 2. the learner's graph-only step rate (h200, B = 1024), the idle reference;
 # 3. `qstream-bench ingest` (in-process daemon, CUDA backend, h200, B = 1024): 16 streams x 1024
-#    transitions with samples_per_insert 1 and 0, and 64 streams x 1 transition with 0;
+#    transitions with samples_per_insert 1 and 0, 64 streams x 1 transition with 0 at
+#    SMALL_IN_FLIGHT (default 1 8 32) batches in flight per stream and with 1 at 32, 64 x 64;
 # 4. `qstream-bench e2e` (qstreamd child process, 8 streams x 1024, 20 s: learner steps/s against
 #    the graph-only rate while ingesting);
 # 5. bench/ingest_compare.py: qstreamd as its own process, `qstream-bench load` client processes,
@@ -37,7 +38,11 @@ run_ingest() {
 }
 run_ingest --streams=16 --batch=1024 --samples_per_insert=1
 run_ingest --streams=16 --batch=1024 --samples_per_insert=0
-run_ingest --streams=64 --batch=1 --samples_per_insert=0
+# 1-transition messages: one batch in flight per stream (the old contract) and pipelined.
+for window in ${SMALL_IN_FLIGHT:-1 8 32}; do
+  run_ingest --streams=64 --batch=1 --samples_per_insert=0 --in_flight="$window"
+done
+run_ingest --streams=64 --batch=1 --samples_per_insert=1 --in_flight=32
 run_ingest --streams=64 --batch=64 --samples_per_insert=0
 timeout 120 "$bin/qstream-bench" e2e --backend=cuda --config=h200 --batch=1024 --streams=8 \
   --items_per_message=1024 --seconds=20 >> "$out/bench.jsonl" 2>> "$out/bench.log"

@@ -145,6 +145,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   Daemon* raw = d.get();
   d->learner_->SetHaltListener([raw](bool halted) { raw->SetServing(!halted); });
+  if (options.start_paused) d->learner_->Pause();
   d->learner_->Start();
   d->metrics_->Start(absl::StrCat(Hostname(), ":", d->grpc_port_));
   d->experience_->Open();

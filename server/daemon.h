@@ -41,6 +41,8 @@ struct DaemonOptions {
   // checkpoint_dir (fresh when it holds none); anything else is a checkpoint
   // directory to restore.
   std::string restore;
+  // The learner starts paused (ingest runs; Admin.Resume starts training).
+  bool start_paused = false;
 };
 
 class Daemon {

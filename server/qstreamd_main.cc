@@ -60,6 +60,8 @@ ABSL_FLAG(
     std::string, health_listen, "",
     "host:port of a plaintext port serving only grpc.health.v1.Health (for probes that cannot speak TLS); "
     "empty: none");
+ABSL_FLAG(bool, start_paused, false,
+          "start with the learner paused: actors stream into the replay, no training step until Admin.Resume");
 ABSL_FLAG(bool, reflection, false,
           "Serve gRPC server reflection (needs a token of any role with --auth_tokens)");
 // Overrides of common config fields (applied on top of --config).
@@ -210,6 +212,7 @@ int Main(int argc, char** argv) {
   options.metrics.instance = absl::GetFlag(FLAGS_instance);
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options.restore = absl::GetFlag(FLAGS_restore);
+  options.start_paused = absl::GetFlag(FLAGS_start_paused);
   auto daemon = Daemon::Start(options);
   if (!daemon.ok()) {
     std::fprintf(stderr, "qstreamd: %s\n", std::string(daemon.status().message()).c_str());

@@ -491,7 +491,7 @@ LearnerStatus Learner::status() const {
   return s;
 }
 
-bool Learner::throttled() const { return !limiter_.CanInsert(); }
+bool Learner::throttled() const { return !limiter_.CanInsertRelaxed(); }
 
 std::shared_ptr<const PolicySnapshot> Learner::policy() const {
   absl::MutexLock lock(&mu_);
@@ -747,7 +747,14 @@ void Learner::Run() {
     if (!batches.empty()) {
       const auto started = std::chrono::steady_clock::now();
       InsertBatches(&batches, /*hand_off=*/step);
-      if (step) AdaptInsertRound(SecondsSince(started), round_hit_budget);
+      const double round_seconds = SecondsSince(started);
+      if (step) AdaptInsertRound(round_seconds, round_hit_budget);
+      {
+        absl::MutexLock lock(&mu_);
+        ++status_.insert_rounds;
+        status_.insert_round_seconds += round_seconds;
+        status_.insert_round_budget = insert_round_rows_;
+      }
       replay_size = backend_->replay_size();
       // Inserts may have made sampling possible; re-evaluate before stepping.
       if (!step) {

@@ -65,6 +65,12 @@ struct LearnerStatus {
   int64_t transitions_inserted = 0;
   int64_t batches_inserted = 0;
   int64_t pending_batches = 0;
+  // Insert rounds of the learner thread so far, the seconds they took in
+  // all (staging waits included), and the current row budget of a round
+  // that a step follows (README "Limits": inserts and steps interleave).
+  int64_t insert_rounds = 0;
+  double insert_round_seconds = 0;
+  int64_t insert_round_budget = 0;
   int64_t rate_limiter_inserts = 0;
   int64_t rate_limiter_samples = 0;
   bool sample_blocked = false;  // learner is waiting for data

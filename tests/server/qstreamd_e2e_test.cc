@@ -48,7 +48,7 @@ replay { capacity: 4000000 batch_size: 32 }
 rate_limiter { min_size_to_sample: 64 samples_per_insert: 0 }
 returns { n_step: 3 gamma: 0.9 }
 server { publish_every: 5 stats_every: 1 max_batch_transitions: 1024 max_message_bytes: )",
-                      kMaxMessageBytes, " max_streams: ", max_streams, " }\n");
+                      kMaxMessageBytes, " max_streams: ", max_streams, " max_in_flight_per_stream: 8 }\n");
 }
 
 testing::Daemon StartOrDie(const std::vector<std::string>& extra = {}, int max_streams = 16) {
@@ -606,6 +606,74 @@ TEST(QstreamdE2E, MissingKindAndDoneWithTruncatedAreErrorAcks) {
   EXPECT_EQ(ack.error().field(), "done");
   EXPECT_THAT(ack.error().message(), HasSubstr("done[3]"));
   EXPECT_EQ(GetStatus(channel).replay_size(), 16);  // only SendOne's two good batches
+}
+
+// A client that does not wait for acks: 40 batches written back to back
+// (more than server.max_in_flight_per_stream = 8 here, so the daemon also
+// stops reading for a while), among them a batch missing its kind, a resend
+// of a batch still in flight and one of an acked batch. One ack per batch,
+// in write order, each with its own outcome; the replay holds every good
+// batch exactly once.
+TEST(QstreamdE2E, PipelinedBatchesGetOneAckEachInOrder) {
+  auto d = StartOrDie({"--start_paused"});  // acks need no learner step
+  auto channel = Channel(d);
+  auto stub = v1::ExperienceService::NewStub(channel);
+  grpc::ClientContext context;
+  auto stream = stub->Stream(&context);
+  std::mt19937 rng(21);
+  std::vector<v1::TransitionBatch> sent;
+  std::vector<uint64_t> sequences;
+  for (uint64_t i = 1; i <= 40; ++i) sent.push_back(NStepBatch(3, i, &rng));
+  sent[9].set_kind(v1::TransitionBatch::KIND_UNSPECIFIED);  // sequence 10: error ack
+  sent.insert(sent.begin() + 20, sent[19]);                 // resend of 20, likely in flight
+  sent.push_back(sent[4]);                                  // resend of 5, acked by now
+  std::thread writer([&] {
+    for (const auto& b : sent) ASSERT_TRUE(stream->Write(b));
+    stream->WritesDone();
+  });
+  std::vector<v1::Ack> acks;
+  v1::Ack ack;
+  while (stream->Read(&ack)) acks.push_back(ack);
+  writer.join();
+  ASSERT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(acks.size(), sent.size());
+  int64_t accepted = 0;
+  for (size_t i = 0; i < acks.size(); ++i) {
+    EXPECT_EQ(acks[i].sequence(), sent[i].sequence()) << "ack " << i;
+    accepted += acks[i].accepted();
+  }
+  ASSERT_TRUE(acks[9].has_error());
+  EXPECT_EQ(acks[9].error().field(), "kind");
+  EXPECT_FALSE(acks[19].duplicate());
+  EXPECT_TRUE(acks[20].duplicate());  // waited for the original, then found it committed
+  EXPECT_EQ(acks[20].accepted(), 0u);
+  EXPECT_TRUE(acks.back().duplicate());
+  EXPECT_EQ(accepted, 39 * 3);
+  EXPECT_EQ(GetStatus(channel).replay_size(), 39 * 3);
+}
+
+// --start_paused: actors stream into the replay, but no step is taken until
+// Admin.Resume.
+TEST(QstreamdE2E, StartPausedIngestsWithoutStepsUntilResume) {
+  auto d = StartOrDie({"--start_paused"});
+  auto channel = Channel(d);
+  Streamer streamer(channel, false);
+  streamer.WaitForAcks(20);
+  absl::SleepFor(absl::Milliseconds(300));  // the learner could step by now, were it running
+  v1::StatusResponse s = GetStatus(channel);
+  EXPECT_TRUE(s.paused());
+  EXPECT_EQ(s.learner_steps(), 0);
+  EXPECT_GE(s.replay_size(), 20 * 64);
+  {
+    auto admin = v1::AdminService::NewStub(channel);
+    grpc::ClientContext context;
+    v1::ResumeResponse r;
+    ASSERT_TRUE(admin->Resume(&context, v1::ResumeRequest(), &r).ok());
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (GetStatus(channel).learner_steps() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_GT(GetStatus(channel).learner_steps(), 0);
+  EXPECT_FALSE(GetStatus(channel).paused());
 }
 
 // A clean half-close flushes the open n-step windows before OK.
