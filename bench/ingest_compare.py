@@ -289,7 +289,7 @@ def run_qstream(peer: str, k: int, clients: int, learner: str, args, config_path
         ingested = int(ma.get("qstream_transitions_ingested_total", -1))
         # KIND_STEP (the Writer): at each stream's half-close the daemon flushes its per-env n-step windows
         # into the replay, unacknowledged: at most envs x (n_step - 1) transitions per client beyond the acks.
-        step_kind = results[0]["client"] == "python_writer"
+        step_kind = results[0]["client"].startswith("python_writer")
         flush_bound = clients * k * (args.n_step - 1) if step_kind else 0
         rejected = sum(v for n, v in ma.items() if n.startswith("qstream_ingest_rejected_total"))
         row.update({

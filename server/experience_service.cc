@@ -297,24 +297,27 @@ class ExperienceService::StreamReactor final : public Reactor,
   // Writes the front ack when it is ready and no write is outstanding; skips
   // slots that get no ack; finishes once everything is written and an end is due.
   void Pump() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    if (finished_ || writing_) return;
-    while (!slots_.empty() && slots_.front().ready && !slots_.front().ack.has_value()) {
-      slots_.pop_front();
-      ++first_slot_;
-    }
-    if (!slots_.empty()) {
-      if (!slots_.front().ready) return;
-      writing_ = true;
-      grpc::WriteOptions options;
-      if (slots_.size() > 1 && slots_[1].ready) options.set_buffer_hint();  // more follow at once
-      StartWrite(&*slots_.front().ack, options);
-      return;
-    }
-    if (end_.has_value()) {
+    grpc::Status end;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || writing_) return;
+      while (!slots_.empty() && slots_.front().ready && !slots_.front().ack.has_value()) {
+        slots_.pop_front();
+        ++first_slot_;
+      }
+      if (!slots_.empty()) {
+        if (!slots_.front().ready) return;
+        writing_ = true;
+        grpc::WriteOptions options;
+        if (slots_.size() > 1 && slots_[1].ready) options.set_buffer_hint();  // more follow at once
+        StartWrite(&*slots_.front().ack, options);
+        return;
+      }
+      if (!end_.has_value()) return;
       finished_ = true;
-      FinishLocked(std::move(*end_));
+      end = std::move(*end_);
     }
+    FinishOnce(std::move(end));
   }
 
   // Starts the next read unless one is pending, the window is full or
@@ -356,20 +359,24 @@ class ExperienceService::StreamReactor final : public Reactor,
   // Ends the stream now, dropping unwritten acks (the client is gone).
   void EndNow(grpc::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
     DetachUnclean();
-    absl::MutexLock lock(&mu_);
-    read_closed_ = true;
-    // Drop the unwritten acks; one being written stays until OnWriteDone.
-    if (writing_) {
-      slots_.erase(slots_.begin() + 1, slots_.end());
-    } else {
-      first_slot_ += slots_.size();
-      slots_.clear();
+    grpc::Status end;
+    {
+      absl::MutexLock lock(&mu_);
+      read_closed_ = true;
+      // Drop the unwritten acks; one being written stays until OnWriteDone.
+      if (writing_) {
+        slots_.erase(slots_.begin() + 1, slots_.end());
+      } else {
+        first_slot_ += slots_.size();
+        slots_.clear();
+      }
+      if (finished_) return;
+      if (!end_.has_value()) end_ = std::move(status);
+      if (writing_) return;  // OnWriteDone finishes
+      finished_ = true;
+      end = std::move(*end_);
     }
-    if (finished_) return;
-    if (!end_.has_value()) end_ = std::move(status);
-    if (writing_) return;  // OnWriteDone finishes
-    finished_ = true;
-    FinishLocked(std::move(*end_));
+    FinishOnce(std::move(end));
   }
 
   void DetachUnclean() ABSL_LOCKS_EXCLUDED(mu_) {
@@ -382,7 +389,9 @@ class ExperienceService::StreamReactor final : public Reactor,
     if (detach) service_->sessions_->Detach(session_, /*clean=*/false, [](IngestOutcome) {});
   }
 
-  void FinishLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Called once, by the caller that set finished_, outside mu_ (OnDone may
+  // follow at once and drop the last reference).
+  void FinishOnce(grpc::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
     ReleaseSlot();
     Finish(std::move(status));
   }

@@ -342,8 +342,7 @@ void IngestSessions::Issue(const std::shared_ptr<IngestRecord>& r, Work& work) {
       t.sequence = batch.sequence;
     }
     // The issued state moves on now; the committed one at delivery.
-    NStepWindows issued = t.delta;
-    NStepAssembler::Commit(&issued, &r->issued_windows);
+    NStepAssembler::Apply(t.delta, &r->issued_windows);
     r->issued_sequence = std::max(r->issued_sequence, t.sequence);
     if (columns.n == 0) return;  // every step waits in its window: commits at delivery
     t.completed = false;

@@ -132,6 +132,24 @@ int64_t NStepAssembler::Commit(NStepWindows* delta, NStepWindows* committed) {
   return gained;
 }
 
+int64_t NStepAssembler::Apply(const NStepWindows& delta, NStepWindows* windows) {
+  int64_t gained = 0;
+  for (const auto& [id, w] : delta) {
+    if (w.size == 0) {
+      gained -= static_cast<int64_t>(windows->erase(id));
+      continue;
+    }
+    auto it = windows->find(id);
+    if (it != windows->end()) {
+      it->second = w;  // copy-assignment reuses the window's buffers: no allocation
+    } else {
+      windows->emplace(id, w);
+      ++gained;
+    }
+  }
+  return gained;
+}
+
 int64_t NStepAssembler::Opened(const NStepWindows& delta, const NStepWindows& committed) {
   int64_t opened = 0;
   for (const auto& [id, w] : delta) opened += committed.count(id) ? 0 : 1;

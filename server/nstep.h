@@ -71,6 +71,9 @@ class NStepAssembler {
   // and clears it. Returns how many windows `committed` gained (negative:
   // lost).
   static int64_t Commit(NStepWindows* delta, NStepWindows* committed);
+  // Commit's effect without consuming `delta`: copies its windows into
+  // `windows`, reusing the buffers of windows already there.
+  static int64_t Apply(const NStepWindows& delta, NStepWindows* windows);
   // Windows of `delta` that `committed` does not hold (what committing it
   // can add at most).
   static int64_t Opened(const NStepWindows& delta, const NStepWindows& committed);
