@@ -85,7 +85,8 @@ void Usage() {
   std::fprintf(
       stderr,
       "usage: qstream-bench e2e [--qstreamd=PATH (next to this binary)] [--backend=cuda|cpu]\n"
-      "         [--config=h200|small] [--batch=1024] [--streams=8] [--in_flight=8] [--items_per_message=1024]\n"
+      "         [--config=h200|small] [--batch=1024] [--streams=8] [--in_flight=8] "
+      "[--items_per_message=1024]\n"
       "         [--kind=nstep|step] [--seconds=20] [--warmup_seconds=3] [--replay_capacity=N (config's)]\n"
       "         [--prefill=N (capacity/4)] [--samples_per_insert=0 (no rate limit)]\n"
       "         [--reference=auto|on|off (auto: on for cuda)] [--learner_rate_reference_us=US]\n"

@@ -40,11 +40,13 @@ struct Flags {
 };
 
 void Usage() {
-  std::fprintf(stderr,
-               "usage: qstream-bench ingest [--config=h200|small] [--backend=cpu|cuda|auto] [--streams=64] [--in_flight=8]\n"
-               "         [--batch=256] [--kind=nstep|step] [--seconds=5] [--repeats=3] [--warmup_seconds=3]\n"
-               "         [--idle_seconds=5] [--learner_batch=256] [--replay_capacity=N] [--samples_per_insert=0]\n"
-               "         [--seed=1]\n");
+  std::fprintf(
+      stderr,
+      "usage: qstream-bench ingest [--config=h200|small] [--backend=cpu|cuda|auto] [--streams=64] "
+      "[--in_flight=8]\n"
+      "         [--batch=256] [--kind=nstep|step] [--seconds=5] [--repeats=3] [--warmup_seconds=3]\n"
+      "         [--idle_seconds=5] [--learner_batch=256] [--replay_capacity=N] [--samples_per_insert=0]\n"
+      "         [--seed=1]\n");
 }
 
 absl::Status ParseFlags(int argc, char** argv, Flags* f) {
@@ -239,21 +241,22 @@ absl::Status Run(const Flags& flags) {
   const double ingest_steps = Median(steps_ingest);
   const double idle_steps = Median(steps_idle);
   std::printf(
-      "{\"bench\":\"ingest\",\"config\":%s,\"backend\":%s,\"device\":%s,\"streams\":%d,\"in_flight\":%d,\"batch\":%d,\"kind\":%s,"
+      "{\"bench\":\"ingest\",\"config\":%s,\"backend\":%s,\"device\":%s,\"streams\":%d,\"in_flight\":%d,"
+      "\"batch\":%d,\"kind\":%s,"
       "\"learner_batch\":%d,\"samples_per_insert\":%g,\"seconds\":%g,\"repeats\":%d,"
       "\"transitions_per_s\":%.0f,\"transitions_per_s_min\":%.0f,\"transitions_per_s_max\":%.0f,"
       "\"rtt_p50_us\":%.0f,\"rtt_p99_us\":%.0f,\"acks\":%zu,\"error_acks\":%lld,"
       "\"step_us_ingest\":%.1f,\"step_us_idle\":%.1f,\"step_time_ratio\":%.3f,"
       "\"steps_per_s_ingest\":%.2f,\"steps_per_s_idle\":%.2f,\"step_rate_ratio\":%.3f,"
       "\"replay_size\":%lld,\"transitions_inserted\":%lld,\"commit\":%s}\n",
-      Quote(flags.config).c_str(), Quote(initial.backend).c_str(), Quote(initial.device).c_str(), flags.streams,
-      flags.in_flight, flags.batch, Quote(flags.kind).c_str(), flags.learner_batch, flags.samples_per_insert, flags.seconds,
-      flags.repeats, Median(rates), *std::min_element(rates.begin(), rates.end()),
-      *std::max_element(rates.begin(), rates.end()), Percentile(&rtt, 0.5), Percentile(&rtt, 0.99), rtt.size(),
-      static_cast<long long>(errors), ingest_us, idle_us, idle_us > 0 ? ingest_us / idle_us : 0.0, ingest_steps,
-      idle_steps, ingest_steps > 0 ? idle_steps / ingest_steps : 0.0,
-      static_cast<long long>(final_status.replay_size), static_cast<long long>(final_status.transitions_inserted),
-      Quote(QSTREAM_GIT_COMMIT).c_str());
+      Quote(flags.config).c_str(), Quote(initial.backend).c_str(), Quote(initial.device).c_str(),
+      flags.streams, flags.in_flight, flags.batch, Quote(flags.kind).c_str(), flags.learner_batch,
+      flags.samples_per_insert, flags.seconds, flags.repeats, Median(rates),
+      *std::min_element(rates.begin(), rates.end()), *std::max_element(rates.begin(), rates.end()),
+      Percentile(&rtt, 0.5), Percentile(&rtt, 0.99), rtt.size(), static_cast<long long>(errors), ingest_us,
+      idle_us, idle_us > 0 ? ingest_us / idle_us : 0.0, ingest_steps, idle_steps,
+      ingest_steps > 0 ? idle_steps / ingest_steps : 0.0, static_cast<long long>(final_status.replay_size),
+      static_cast<long long>(final_status.transitions_inserted), Quote(QSTREAM_GIT_COMMIT).c_str());
   std::fflush(stdout);
   return absl::OkStatus();
 }

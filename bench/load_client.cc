@@ -44,10 +44,11 @@ struct LoadFlags {
 };
 
 void LoadUsage() {
-  std::fprintf(stderr,
-               "usage: qstream-bench load --address=HOST:PORT [--config=h200|small] [--streams=1] [--in_flight=8]\n"
-               "         [--items_per_message=64] [--kind=nstep|step] [--start_at=UNIX_SECONDS (now+1)]\n"
-               "         [--window_seconds=5] [--repeats=3] [--seed=1]\n");
+  std::fprintf(
+      stderr,
+      "usage: qstream-bench load --address=HOST:PORT [--config=h200|small] [--streams=1] [--in_flight=8]\n"
+      "         [--items_per_message=64] [--kind=nstep|step] [--start_at=UNIX_SECONDS (now+1)]\n"
+      "         [--window_seconds=5] [--repeats=3] [--seed=1]\n");
 }
 
 absl::Status ParseLoadFlags(int argc, char** argv, LoadFlags* f) {

@@ -118,7 +118,8 @@ class BenchStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc:
       ++acked_;
       if (!sent_at_.empty()) {
         if (measuring_->load(std::memory_order_relaxed)) {
-          rtt_us_.push_back(std::chrono::duration<double, std::micro>(Clock::now() - sent_at_.front()).count());
+          rtt_us_.push_back(
+              std::chrono::duration<double, std::micro>(Clock::now() - sent_at_.front()).count());
         }
         sent_at_.pop_front();
       }
@@ -203,9 +204,8 @@ LoadStreams::LoadStreams(const NetworkSpec& spec, const LoadOptions& options) {
     for (int k = 0; k < kBodiesPerStream; ++k) {
       bodies.emplace_back(MakeBody(spec, options.items_per_message, options.step_kind, &rng));
     }
-    streams_.push_back(
-        std::make_unique<BenchStream>(stubs_.back().get(), std::move(bodies), options.in_flight, &stop_,
-                                     &measuring_));
+    streams_.push_back(std::make_unique<BenchStream>(stubs_.back().get(), std::move(bodies),
+                                                     options.in_flight, &stop_, &measuring_));
   }
 }
 

@@ -140,10 +140,11 @@ class ExperienceService::StreamReactor final : public Reactor,
     }
     const int64_t lag = std::max<int64_t>(
         0, service_->policy_version_.load(std::memory_order_relaxed) - incoming.policy_version);
-    service_->sessions_->Submit(session_, std::move(incoming),
-                                [self = shared_from_this(), slot, sequence, throttle, lag](IngestOutcome outcome) {
-                                  self->OnOutcome(slot, sequence, throttle, std::move(outcome), lag);
-                                });
+    service_->sessions_->Submit(
+        session_, std::move(incoming),
+        [self = shared_from_this(), slot, sequence, throttle, lag](IngestOutcome outcome) {
+          self->OnOutcome(slot, sequence, throttle, std::move(outcome), lag);
+        });
     ReadNext(/*read_reaction_over=*/true);
   }
 
@@ -386,7 +387,7 @@ class ExperienceService::StreamReactor final : public Reactor,
       detach = session_ != nullptr && !detached_;
       detached_ = true;
     }
-    if (detach) service_->sessions_->Detach(session_, /*clean=*/false, [](IngestOutcome) {});
+    if (detach) service_->sessions_->Detach(session_, /*clean=*/false, [](const IngestOutcome&) {});
   }
 
   // Called once, by the caller that set finished_, outside mu_ (OnDone may
@@ -403,9 +404,9 @@ class ExperienceService::StreamReactor final : public Reactor,
   std::atomic<bool> slot_released_{false};
 
   absl::Mutex mu_;
-  std::deque<Slot> slots_ ABSL_GUARDED_BY(mu_);  // read, ack not yet written
+  std::deque<Slot> slots_ ABSL_GUARDED_BY(mu_);   // read, ack not yet written
   uint64_t first_slot_ ABSL_GUARDED_BY(mu_) = 0;  // the id of slots_.front()
-  bool reading_ ABSL_GUARDED_BY(mu_) = false;  // a read is pending or its reaction runs
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;     // a read is pending or its reaction runs
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool read_closed_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);  // finish with this once acks are written

@@ -54,11 +54,11 @@ struct IngestSessions::Work {
 // order the learner's callback threads finish them in.
 struct IngestSessions::Ticket {
   uint64_t id = 0;
-  bool completed = false;   // the outcome is known (inline, or the insert called back)
-  bool inserts = false;     // went to the learner (its status decides the commit)
-  bool flush = false;       // a window flush (counted as accepted with lag 0)
-  uint64_t sequence = 0;    // committed with the delta; 0: nothing to commit
-  NStepWindows delta;       // the windows this item changed, as they are after it
+  bool completed = false;     // the outcome is known (inline, or the insert called back)
+  bool inserts = false;       // went to the learner (its status decides the commit)
+  bool flush = false;         // a window flush (counted as accepted with lag 0)
+  uint64_t sequence = 0;      // committed with the delta; 0: nothing to commit
+  NStepWindows delta;         // the windows this item changed, as they are after it
   int64_t release_bytes = 0;  // returned to queued_bytes_ at delivery, less the windows gained
   IngestOutcome outcome;
   Done done;
@@ -91,12 +91,25 @@ struct IngestRecord {
   // One thread issues (pumping) and one delivers (delivering) at a time.
   bool pumping ABSL_GUARDED_BY(mu) = false;
   bool delivering ABSL_GUARDED_BY(mu) = false;
-  std::deque<IngestSessions::Work> queue ABSL_GUARDED_BY(mu);  // not yet issued
+  std::deque<IngestSessions::Work> queue ABSL_GUARDED_BY(mu);      // not yet issued
   std::deque<IngestSessions::Ticket> tickets ABSL_GUARDED_BY(mu);  // issued, not yet delivered
   uint64_t next_ticket ABSL_GUARDED_BY(mu) = 1;
 
   bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return !pumping && !delivering && queue.empty() && tickets.empty();
+  }
+
+  // May the front of the queue be issued now? A batch whose sequence is
+  // above the committed one but not above the issued one is a resend of a
+  // batch still in flight: it waits for that outcome (duplicate if it
+  // committed, processed afresh if it failed). After a failed insert nothing
+  // is issued until the tickets drained.
+  bool CanIssue() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (queue.empty() || failed || tickets.size() >= IngestSessions::kMaxTicketsPerSession) return false;
+    const IngestSessions::Work& w = queue.front();
+    if (w.type != IngestSessions::Work::Type::kBatch) return true;
+    const uint64_t sequence = w.batch.sequence;
+    return sequence == 0 || sequence <= last_sequence || sequence > issued_sequence;
   }
 };
 
@@ -259,19 +272,6 @@ void IngestSessions::Post(const std::shared_ptr<IngestRecord>& r, Work work) {
   Pump(r);
 }
 
-// May the front of the queue be issued now? A batch whose sequence is above
-// the committed one but not above the issued one is a resend of a batch still
-// in flight: it waits for that outcome (duplicate if it committed, processed
-// afresh if it failed). After a failed insert nothing is issued until the
-// tickets drained.
-bool IngestSessions::CanIssue(const IngestRecord& r) {
-  if (r.queue.empty() || r.failed || r.tickets.size() >= kMaxTicketsPerSession) return false;
-  const Work& w = r.queue.front();
-  if (w.type != Work::Type::kBatch) return true;
-  const uint64_t sequence = w.batch.sequence;
-  return sequence == 0 || sequence <= r.last_sequence || sequence > r.issued_sequence;
-}
-
 void IngestSessions::Pump(const std::shared_ptr<IngestRecord>& r) {
   {
     absl::MutexLock lock(&r->mu);
@@ -287,7 +287,7 @@ void IngestSessions::Pump(const std::shared_ptr<IngestRecord>& r) {
         r->issued_sequence = r->last_sequence;
         r->issued_windows = r->windows;
       }
-      if (!CanIssue(*r)) {
+      if (!r->CanIssue()) {
         r->pumping = false;
         return;
       }
@@ -407,7 +407,8 @@ void IngestSessions::Deliver(const std::shared_ptr<IngestRecord>& r) {
     delivered = true;
     for (Ticket& t : ready) {
       Release(t.release_bytes);
-      if (t.flush && t.outcome.status.ok() && t.outcome.accepted > 0) counters_->Accepted(t.outcome.accepted, 0);
+      if (t.flush && t.outcome.status.ok() && t.outcome.accepted > 0)
+        counters_->Accepted(t.outcome.accepted, 0);
       if (t.done) t.done(std::move(t.outcome));
     }
   }

@@ -148,7 +148,6 @@ class IngestSessions {
   void Post(const std::shared_ptr<IngestRecord>& r, Work work) ABSL_LOCKS_EXCLUDED(mu_);
   // Issues queued work items of `r` while they may go (one thread at a time).
   void Pump(const std::shared_ptr<IngestRecord>& r) ABSL_LOCKS_EXCLUDED(mu_);
-  static bool CanIssue(const IngestRecord& r);
   // Assembles one work item against the record's issued state and hands its
   // columns to the learner, or completes it at once (duplicate, rejection,
   // nothing to insert).

@@ -60,8 +60,9 @@ ABSL_FLAG(
     std::string, health_listen, "",
     "host:port of a plaintext port serving only grpc.health.v1.Health (for probes that cannot speak TLS); "
     "empty: none");
-ABSL_FLAG(bool, start_paused, false,
-          "start with the learner paused: actors stream into the replay, no training step until Admin.Resume");
+ABSL_FLAG(
+    bool, start_paused, false,
+    "start with the learner paused: actors stream into the replay, no training step until Admin.Resume");
 ABSL_FLAG(bool, reflection, false,
           "Serve gRPC server reflection (needs a token of any role with --auth_tokens)");
 // Overrides of common config fields (applied on top of --config).

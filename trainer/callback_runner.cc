@@ -22,7 +22,8 @@ CallbackRunner::~CallbackRunner() {
 
 int CallbackRunner::DefaultThreads() {
   int threads = 0;
-  if (const char* env = std::getenv("QSTREAM_CALLBACK_THREADS"); env != nullptr && absl::SimpleAtoi(env, &threads)) {
+  if (const char* env = std::getenv("QSTREAM_CALLBACK_THREADS");
+      env != nullptr && absl::SimpleAtoi(env, &threads)) {
     return std::clamp(threads, 1, 64);
   }
   const int cores = static_cast<int>(std::thread::hardware_concurrency());

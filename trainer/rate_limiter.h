@@ -55,7 +55,7 @@ class RateLimiter {
   const double min_diff_;
   const double max_diff_;
   mutable absl::Mutex mu_;
-  std::atomic<bool> can_insert_{true};  // CanInsertLocked() after the last change
+  std::atomic<bool> can_insert_{true};        // CanInsertLocked() after the last change
   int64_t inserts_ ABSL_GUARDED_BY(mu_) = 0;  // also the replay size bound: size = min(inserts, capacity)
   int64_t samples_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;

@@ -644,7 +644,7 @@ void RunProperty(uint32_t seed, bool pipelined) {
           client.sent[seq] = *batch;
         }
         // Submitted under the client's lock: one client sends in sequence order.
-        rig.sessions->Submit(s, *batch, [&, batch, b](IngestOutcome o) {
+        rig.sessions->Submit(s, *batch, [&, batch, b](const IngestOutcome& o) {
           EXPECT_TRUE(o.status.ok()) << o.status;
           EXPECT_FALSE(o.error.has_value());
           {
@@ -666,7 +666,8 @@ void RunProperty(uint32_t seed, bool pipelined) {
       auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(flight_mu) { return in_flight == 0; };
       flight_mu.Await(absl::Condition(&idle));
       for (size_t i = 0; i < outcome_order.size(); ++i) {
-        EXPECT_EQ(outcome_order[i], static_cast<int>(i)) << "outcomes out of submission order (seed " << seed << ")";
+        EXPECT_EQ(outcome_order[i], static_cast<int>(i))
+            << "outcomes out of submission order (seed " << seed << ")";
       }
     }
     DetachAndWait(rig.sessions.get(), s, /*clean=*/rng() % 2 == 0);

@@ -671,7 +671,8 @@ TEST(QstreamdE2E, StartPausedIngestsWithoutStepsUntilResume) {
     ASSERT_TRUE(admin->Resume(&context, v1::ResumeRequest(), &r).ok());
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (GetStatus(channel).learner_steps() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  while (GetStatus(channel).learner_steps() == 0 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(20));
   EXPECT_GT(GetStatus(channel).learner_steps(), 0);
   EXPECT_FALSE(GetStatus(channel).paused());
 }
