@@ -5,14 +5,16 @@
 // parse ends the stream with INVALID_ARGUMENT), validates the batch, hands it
 // to the stream's ingest session (IngestSessions: de-duplication, n-step
 // windows, the queued-bytes budget, the insert and its commit) and writes
-// the Ack from the session's outcome. The next read starts only after that
-// Ack is written, so each stream has exactly one batch in flight, a learner
-// that falls behind stops the stream's reads and HTTP/2 flow control pushes
-// back on the actor; nothing is dropped. Memory held for streams: at most
-// server.max_streams messages being received (each <= max_message_bytes)
-// plus server.max_queued_bytes of accepted batches. A stream gives its
-// max_streams slot back as soon as it reads nothing more (half-close,
-// cancel, end), even while its last batch still waits for the replay.
+// the Ack from the session's outcome. Reads run ahead of acks up to
+// server.max_in_flight_per_stream unanswered batches (acks go out one per
+// batch, in read order); beyond that, or when a learner that falls behind
+// holds the acks back, the stream's reads stop and HTTP/2 flow control
+// pushes back on the actor; nothing is dropped. Memory held for streams: at
+// most server.max_streams messages being received (each <=
+// max_message_bytes) plus server.max_queued_bytes of accepted batches. A
+// stream gives its max_streams slot back as soon as it reads nothing more
+// (half-close, cancel, end), even while its last batches still wait for the
+// replay.
 #pragma once
 
 #include <atomic>
