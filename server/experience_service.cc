@@ -190,7 +190,6 @@ class ExperienceService::StreamReactor final : public Reactor,
       absl::MutexLock lock(&mu_);
       superseded_ = true;
     }
-    StopReading();
     EndAfterAcks(Superseded());
   }
 
@@ -244,7 +243,6 @@ class ExperienceService::StreamReactor final : public Reactor,
       ABSL_LOCKS_EXCLUDED(mu_) {
     if (!outcome.status.ok()) {
       Fill(slot, std::nullopt);
-      StopReading();
       EndAfterAcks(NotInserted(outcome.status, absl::StrCat("batch ", sequence)));
       return;
     }
@@ -322,26 +320,15 @@ class ExperienceService::StreamReactor final : public Reactor,
   }
 
   // Starts the next read unless one is pending, the window is full or
-  // reading has stopped. `read_reaction_over`: called at the end of
-  // OnReadDone's reaction (the read it handled is no longer pending).
+  // reading has stopped (every end sets read_closed_). `read_reaction_over`:
+  // called at the end of OnReadDone's reaction (the read it handled is no
+  // longer pending).
   void ReadNext(bool read_reaction_over) ABSL_LOCKS_EXCLUDED(mu_) {
-    bool pump = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (read_reaction_over) reading_ = false;
-      if (finished_ || read_closed_ || end_.has_value() || superseded_ || draining_) {
-        pump = true;
-      } else if (!reading_ && slots_.size() < window_) {
-        reading_ = true;
-        StartRead(&request_);  // under mu_: a takeover cannot Finish in between
-      }
-    }
-    if (pump) Pump();
-  }
-
-  void StopReading() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    read_closed_ = true;
+    if (read_reaction_over) reading_ = false;
+    if (read_closed_ || draining_ || reading_ || slots_.size() >= window_) return;
+    reading_ = true;
+    StartRead(&request_);  // under mu_: a takeover cannot Finish in between
   }
 
   // Ends the stream once every batch read so far is answered; the session

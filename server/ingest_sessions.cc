@@ -53,7 +53,6 @@ struct IngestSessions::Work {
 // are delivered (committed, then `done` run) strictly in issue order, whatever
 // order the learner's callback threads finish them in.
 struct IngestSessions::Ticket {
-  uint64_t id = 0;
   bool completed = false;     // the outcome is known (inline, or the insert called back)
   bool inserts = false;       // went to the learner (its status decides the commit)
   bool flush = false;         // a window flush (counted as accepted with lag 0)
@@ -92,8 +91,10 @@ struct IngestRecord {
   bool pumping ABSL_GUARDED_BY(mu) = false;
   bool delivering ABSL_GUARDED_BY(mu) = false;
   std::deque<IngestSessions::Work> queue ABSL_GUARDED_BY(mu);      // not yet issued
-  std::deque<IngestSessions::Ticket> tickets ABSL_GUARDED_BY(mu);  // issued, not yet delivered
-  uint64_t next_ticket ABSL_GUARDED_BY(mu) = 1;
+  // Issued, not yet delivered. A ticket stays at its address until it is
+  // delivered (a deque keeps references across push_back / pop_front), so
+  // its insert callback holds a pointer to it.
+  std::deque<IngestSessions::Ticket> tickets ABSL_GUARDED_BY(mu);
 
   bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return !pumping && !delivering && queue.empty() && tickets.empty();
@@ -303,11 +304,11 @@ void IngestSessions::Issue(const std::shared_ptr<IngestRecord>& r, Work& work) {
   const bool flush = work.type != Work::Type::kBatch;
   const int64_t window_bytes = assembler_.window_bytes();
   TransitionColumns columns = EmptyColumns(spec_);
-  uint64_t id = 0;
+  Ticket* ticket = nullptr;
   {
     absl::MutexLock lock(&r->mu);
     Ticket& t = r->tickets.emplace_back();
-    t.id = id = r->next_ticket++;
+    ticket = &t;
     t.done = std::move(work.done);
     t.flush = flush;
     t.release_bytes = work.reserved_bytes;
@@ -351,10 +352,10 @@ void IngestSessions::Issue(const std::shared_ptr<IngestRecord>& r, Work& work) {
   }
   // Outside the record's lock: an idle learner inserts on this thread and
   // calls back at once. Issue order is Enqueue order (one pumping thread).
-  learner_->Enqueue(std::move(columns), [this, r, id](absl::Status status, int64_t replay_size) {
+  learner_->Enqueue(std::move(columns), [this, r, ticket](absl::Status status, int64_t replay_size) {
     {
       absl::MutexLock lock(&r->mu);
-      Ticket& t = r->tickets[id - r->tickets.front().id];
+      Ticket& t = *ticket;
       t.completed = true;
       t.outcome.status = std::move(status);
       if (t.outcome.status.ok()) {

@@ -485,6 +485,9 @@ LearnerStatus Learner::status() const {
     s.paused = paused_;
     s.running = running_;
   }
+  s.insert_rounds = insert_rounds_.load(std::memory_order_relaxed);
+  s.insert_round_seconds = 1e-9 * static_cast<double>(insert_round_nanos_.load(std::memory_order_relaxed));
+  s.insert_round_budget = insert_round_budget_.load(std::memory_order_relaxed);
   s.rate_limiter_inserts = limiter_.inserts();
   s.rate_limiter_samples = limiter_.samples();
   if (checkpointer_ != nullptr) s.checkpoints = checkpointer_->stats();
@@ -749,12 +752,10 @@ void Learner::Run() {
       InsertBatches(&batches, /*hand_off=*/step);
       const double round_seconds = SecondsSince(started);
       if (step) AdaptInsertRound(round_seconds, round_hit_budget);
-      {
-        absl::MutexLock lock(&mu_);
-        ++status_.insert_rounds;
-        status_.insert_round_seconds += round_seconds;
-        status_.insert_round_budget = insert_round_rows_;
-      }
+      // Observability only, written by this thread alone: no lock per round.
+      insert_rounds_.fetch_add(1, std::memory_order_relaxed);
+      insert_round_nanos_.fetch_add(static_cast<int64_t>(round_seconds * 1e9), std::memory_order_relaxed);
+      insert_round_budget_.store(insert_round_rows_, std::memory_order_relaxed);
       replay_size = backend_->replay_size();
       // Inserts may have made sampling possible; re-evaluate before stepping.
       if (!step) {

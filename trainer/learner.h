@@ -213,6 +213,10 @@ class Learner {
   double period_seconds_ = 0;
   std::optional<std::chrono::steady_clock::time_point> last_step_started_;
   int64_t insert_round_rows_ = 4096;
+  // LearnerStatus's insert-round fields, published by the learner thread.
+  std::atomic<int64_t> insert_rounds_{0};
+  std::atomic<int64_t> insert_round_nanos_{0};
+  std::atomic<int64_t> insert_round_budget_{0};
   // Runs the insert callbacks off the learner thread.
   CallbackRunner callbacks_{CallbackRunner::DefaultThreads()};
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
