@@ -90,7 +90,7 @@ struct IngestRecord {
   // One thread issues (pumping) and one delivers (delivering) at a time.
   bool pumping ABSL_GUARDED_BY(mu) = false;
   bool delivering ABSL_GUARDED_BY(mu) = false;
-  std::deque<IngestSessions::Work> queue ABSL_GUARDED_BY(mu);      // not yet issued
+  std::deque<IngestSessions::Work> queue ABSL_GUARDED_BY(mu);  // not yet issued
   // Issued, not yet delivered. A ticket stays at its address until it is
   // delivered (a deque keeps references across push_back / pop_front), so
   // its insert callback holds a pointer to it.
