@@ -74,12 +74,16 @@ class ExperienceService::StreamReactor final : public Reactor,
     }
   }
 
+  // The call is cancelled (client gone, deadline, TryCancel from Drain or the
+  // server's shutdown deadline): it ends now. A pending read is not relied on
+  // to complete first (gRPC 1.51 may leave it pending until Finish), so
+  // waiting for OnReadDone here could hold the server's shutdown forever.
   void OnCancel() override ABSL_LOCKS_EXCLUDED(mu_) {
     {
       absl::MutexLock lock(&mu_);
       cancelled_ = true;
     }
-    ReleaseSlot();
+    EndNow(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
   }
 
   void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
@@ -127,9 +131,19 @@ class ExperienceService::StreamReactor final : public Reactor,
     batch_.Clear();  // the columns are copied out; the next read parses into it again
     if (session_ == nullptr) {
       stream_id_ = incoming.stream_id;
-      session_ = service_->sessions_->Attach(stream_id_, [weak = weak_from_this()] {
+      auto session = service_->sessions_->Attach(stream_id_, [weak = weak_from_this()] {
         if (auto self = weak.lock()) self->OnSuperseded();
       });
+      bool ended;
+      {
+        absl::MutexLock lock(&mu_);
+        session_ = session;
+        ended = detached_;
+      }
+      // Cancelled while this batch was decoded: the session is left for a
+      // reconnect at once (the batch below is not acknowledged; its resend is
+      // deduplicated by sequence).
+      if (ended) service_->sessions_->Detach(session, /*clean=*/false, [](const IngestOutcome&) {});
     } else if (incoming.stream_id != stream_id_) {
       Reject(slot, sequence, throttle,
              BatchError{v1::Error::INVALID_FIELD, "stream_id",
@@ -403,8 +417,9 @@ class ExperienceService::StreamReactor final : public Reactor,
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool detached_ ABSL_GUARDED_BY(mu_) = false;
 
-  // Touched only by the reaction of the latest read (one at a time), set at
-  // the first valid batch.
+  // Set at the first valid batch by the reaction of the latest read (one at
+  // a time), under mu_; that reaction reads it without the lock, every other
+  // thread with it.
   std::shared_ptr<IngestSession> session_;
   std::string stream_id_;
   grpc::ByteBuffer request_;
