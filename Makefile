@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo clean asan tsa fuzz lint
+.PHONY: all deps configure build test demo learn clean asan tsa fuzz lint
 
 all: build
 
@@ -23,6 +23,18 @@ test: build
 
 demo: build
 	./deploy/demo.sh $(BUILD_DIR)
+
+# Learning harness (bench/learn, not part of `make test`): CartPole-v1,
+# Acrobot-v1 and MountainCar-v0 over seeds 1-3 with the CPU backend; JSON
+# lines, summary.json and PNG curves in LEARN_OUT. LEARN_ARGS adds flags of
+# bench/learn/learn.py (e.g. --envs CartPole-v1 --jobs 2).
+LEARN_OUT ?= bench/learn/out
+LEARN_ARGS ?=
+learn: build
+	python3 -c "import matplotlib, gymnasium" 2>/dev/null || python3 -m pip install -q \
+	  $$(python3 -m pip install --help | grep -q -- --break-system-packages && echo --break-system-packages) \
+	  -r bench/learn/requirements.txt
+	python3 bench/learn/learn.py --qstreamd $(BUILD_DIR)/qstreamd --out $(LEARN_OUT) $(LEARN_ARGS)
 
 clean:
 	rm -rf $(BUILD_DIR)

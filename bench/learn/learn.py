@@ -130,7 +130,8 @@ def write_config(base: Path, overrides: dict, seed: int, dest: Path) -> None:
         fd = msg.DESCRIPTOR.fields_by_name.get(leaf)
         if fd is None:
             raise SystemExit(f"override {key}: {msg.DESCRIPTOR.full_name} has no field {leaf!r}")
-        if fd.label == fd.LABEL_REPEATED:
+        repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+        if repeated:
             del getattr(msg, leaf)[:]
             getattr(msg, leaf).extend(int(v) if fd.cpp_type in (fd.CPPTYPE_INT32, fd.CPPTYPE_INT64) else float(v)
                                       for v in value.split("/"))
@@ -161,7 +162,8 @@ def actor_knobs(env: EnvSpec, overrides: dict) -> dict:
 
 def start_daemon(run: Run, config: Path, log: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [run.qstreamd, f"--config={config}", "--listen=127.0.0.1:0", f"--backend={run.backend}"],
+        [run.qstreamd, f"--config={config}", "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+         f"--backend={run.backend}"],
         stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
     )
     deadline = time.monotonic() + 120
@@ -425,6 +427,7 @@ def main() -> int:
     summaries = []
     # Threads only wait on each run's processes (daemon, actor, evaluator).
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        by_name = {r.name: r for r in runs}
         results = {r.name: pool.submit(run_one, r) for r in runs}
         last_report = 0.0
         while results:
@@ -433,7 +436,8 @@ def main() -> int:
                     try:
                         s = results.pop(name).result()
                     except Exception as e:  # a run that broke is reported, the others go on
-                        s = dict(run=name, error=repr(e), met=False)
+                        r = by_name[name]
+                        s = dict(env=r.env.env_id, variant=r.variant, seed=r.seed, error=repr(e), met=False)
                     summaries.append(s)
                     print(f"learn: done {name}: " + json.dumps({k: s.get(k) for k in (
                         "met", "reached_at_env_steps", "min_mean_return_after_reach", "final_mean_return_20",
