@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/support/proto_buffer_reader.h"
+#include "proto/episode_limits.h"
 
 namespace qstream {
 
@@ -27,8 +29,8 @@ const std::vector<std::string>& BatchFieldNames() {
   // "queued_bytes": server.max_queued_bytes was full; "message": the bytes
   // did not parse (the stream ended).
   static const std::vector<std::string> kNames = {
-      "kind", "count",     "obs",     "next_obs",       "actions",   "rewards",      "discounts",
-      "done", "truncated", "env_ids", "policy_version", "stream_id", "queued_bytes", "message"};
+      "kind",      "count",   "obs", "next_obs", "actions",        "rewards",   "discounts",    "done",
+      "truncated", "env_ids", "env", "episodes", "policy_version", "stream_id", "queued_bytes", "message"};
   return kNames;
 }
 
@@ -84,6 +86,21 @@ std::optional<BatchError> CheckStreamId(absl::string_view id, const v1::ServerCo
   return std::nullopt;
 }
 
+BatchError EnvTooLong(uint64_t bytes) {
+  return BatchError{v1::Error::TOO_LARGE, "env",
+                    absl::StrCat("env: ", bytes, " bytes, at most ", wire::kMaxEnvBytes)};
+}
+
+std::optional<BatchError> CheckEnv(absl::string_view env) {
+  if (static_cast<int64_t>(env.size()) > wire::kMaxEnvBytes) return EnvTooLong(env.size());
+  if (const int64_t i = wire::FirstBadEnvChar(std::string_view(env.data(), env.size())); i >= 0) {
+    return Invalid(
+        "env", absl::StrCat("env[", i, "]: byte 0x", absl::Hex(static_cast<uint8_t>(env[i]), absl::kZeroPad2),
+                            " is not one of [A-Za-z0-9_.:/-]"));
+  }
+  return std::nullopt;
+}
+
 DecodedBatch Unparsable(std::string why) {
   DecodedBatch d;
   d.result = DecodedBatch::kUnparsable;
@@ -92,19 +109,22 @@ DecodedBatch Unparsable(std::string why) {
 }
 
 // The pre-scan: walks the top-level fields, checks every stream_id
-// (field 13, length-delimited) and skips everything else; it also reads the
-// sequence, so that a rejected batch's ack can name it. A stream_id of
-// another wire type is an unknown field to protobuf, never a string.
-DecodedBatch ScanStreamIds(google::protobuf::io::ZeroCopyInputStream* bytes, const v1::ServerConfig& server,
-                           uint64_t* sequence) {
+// (field 13) and env (field 23), length-delimited, and skips everything
+// else; it also reads the sequence, so that a rejected batch's ack can name
+// it. A string field of another wire type is an unknown field to protobuf,
+// never a string.
+DecodedBatch ScanStrings(google::protobuf::io::ZeroCopyInputStream* bytes, const v1::ServerConfig& server,
+                         uint64_t* sequence) {
   using google::protobuf::internal::WireFormatLite;
   google::protobuf::io::CodedInputStream in(bytes);
   const uint32_t stream_id_tag = WireFormatLite::MakeTag(v1::TransitionBatch::kStreamIdFieldNumber,
                                                          WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+  const uint32_t env_tag = WireFormatLite::MakeTag(v1::TransitionBatch::kEnvFieldNumber,
+                                                   WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
   const uint32_t sequence_tag =
       WireFormatLite::MakeTag(v1::TransitionBatch::kSequenceFieldNumber, WireFormatLite::WIRETYPE_VARINT);
   std::optional<BatchError> rejected;
-  std::string id;
+  std::string text;
   for (;;) {
     const uint32_t tag = in.ReadTag();
     if (tag == 0) {
@@ -119,22 +139,26 @@ DecodedBatch ScanStreamIds(google::protobuf::io::ZeroCopyInputStream* bytes, con
       if (!in.ReadVarint64(sequence)) return Unparsable("sequence is malformed");
       continue;
     }
-    if (tag != stream_id_tag) {
+    if (tag != stream_id_tag && tag != env_tag) {
       if (!WireFormatLite::SkipField(&in, tag)) {
         return Unparsable(
             absl::StrCat("field ", WireFormatLite::GetTagFieldNumber(tag), " is truncated or malformed"));
       }
       continue;
     }
+    const bool is_env = tag == env_tag;
+    const char* field = is_env ? "env" : "stream_id";
+    const int64_t max_bytes = is_env ? wire::kMaxEnvBytes : server.max_stream_id_bytes();
     uint32_t length;
-    if (!in.ReadVarint32(&length)) return Unparsable("stream_id length is malformed");
-    if (static_cast<int64_t>(length) > server.max_stream_id_bytes()) {
-      if (!rejected) rejected = StreamIdTooLong(length, server);
-      if (!in.Skip(static_cast<int>(length))) return Unparsable("stream_id is truncated");
+    if (!in.ReadVarint32(&length)) return Unparsable(absl::StrCat(field, " length is malformed"));
+    if (static_cast<int64_t>(length) > max_bytes) {
+      if (!rejected) rejected = is_env ? EnvTooLong(length) : StreamIdTooLong(length, server);
+      if (!in.Skip(static_cast<int>(length))) return Unparsable(absl::StrCat(field, " is truncated"));
       continue;
     }
-    if (!in.ReadString(&id, static_cast<int>(length))) return Unparsable("stream_id is truncated");
-    if (!rejected) rejected = CheckStreamId(id, server);
+    if (!in.ReadString(&text, static_cast<int>(length)))
+      return Unparsable(absl::StrCat(field, " is truncated"));
+    if (!rejected) rejected = is_env ? CheckEnv(text) : CheckStreamId(text, server);
   }
 }
 
@@ -144,7 +168,7 @@ DecodedBatch Decode(Open open, size_t size, const v1::ServerConfig& server, v1::
   {
     auto scan = open();
     uint64_t sequence = 0;
-    DecodedBatch d = ScanStreamIds(&scan, server, &sequence);
+    DecodedBatch d = ScanStrings(&scan, server, &sequence);
     if (d.result == DecodedBatch::kRejected) out->set_sequence(sequence);
     if (d.result == DecodedBatch::kUnparsable) {
       d.error.message =
@@ -184,7 +208,7 @@ int64_t IncomingBatch::bytes() const {
   const int64_t words = static_cast<int64_t>(c.obs.size() + c.next_obs.size() + c.actions.size() +
                                              c.rewards.size() + c.discounts.size() + env_ids.size());
   return words * 4 + static_cast<int64_t>(done.size() + truncated.size() + stream_id.size()) +
-         static_cast<int64_t>(sizeof(IncomingBatch));
+         episodes.bytes() + static_cast<int64_t>(sizeof(IncomingBatch));
 }
 
 namespace {
@@ -266,6 +290,56 @@ std::optional<BatchError> Column(bool present, const v1::Tensor& t, const Column
   return TakeColumn(t, c, out);
 }
 
+// Copies the reports into `out` while checking them (see ValidateBatch).
+std::optional<BatchError> CheckEpisodes(const google::protobuf::RepeatedPtrField<v1::EpisodeReport>& reports,
+                                        std::vector<EpisodeReport>* out) {
+  if (reports.size() > wire::kMaxEpisodesPerBatch) {
+    return BatchError{v1::Error::TOO_LARGE, "episodes",
+                      absl::StrCat("episodes: ", reports.size(), " reports, at most ",
+                                   wire::kMaxEpisodesPerBatch, " per batch")};
+  }
+  out->clear();
+  out->reserve(reports.size());
+  for (int i = 0; i < reports.size(); ++i) {
+    const v1::EpisodeReport& r = reports[i];
+    const double ret = r.episode_return();
+    if (!std::isfinite(ret) || std::abs(ret) > wire::kMaxAbsEpisodeReturn) {
+      return Invalid("episodes",
+                     absl::StrCat("episodes[", i, "].episode_return: ", ret,
+                                  std::isfinite(ret) ? " is outside [-1e12, 1e12]" : " is not finite"));
+    }
+    if (r.length() < 1 || r.length() > wire::kMaxEpisodeLength) {
+      return Invalid("episodes", absl::StrCat("episodes[", i, "].length: ", r.length(), " is not in [1, ",
+                                              wire::kMaxEpisodeLength, "]"));
+    }
+    if (r.policy_version() < 0) {
+      return Invalid("episodes",
+                     absl::StrCat("episodes[", i, "].policy_version: ", r.policy_version(), " is negative"));
+    }
+    out->push_back({ret, static_cast<int64_t>(r.length()), r.policy_version()});
+  }
+  return std::nullopt;
+}
+
+// A batch of count 0 carries episode reports only: no column may be set.
+std::optional<BatchError> CheckNoColumns(const v1::TransitionBatch& b) {
+  const std::pair<bool, const char*> columns[] = {{b.has_obs(), "obs"},
+                                                  {b.has_next_obs(), "next_obs"},
+                                                  {b.has_actions(), "actions"},
+                                                  {b.has_rewards(), "rewards"},
+                                                  {b.has_discounts(), "discounts"},
+                                                  {b.has_done(), "done"},
+                                                  {b.has_truncated(), "truncated"},
+                                                  {b.has_env_ids(), "env_ids"}};
+  for (const auto& [present, field] : columns) {
+    if (present) {
+      return Invalid(field,
+                     absl::StrCat(field, ": must be unset in a batch of count 0 (episode reports only)"));
+    }
+  }
+  return std::nullopt;
+}
+
 std::optional<BatchError> CheckFlags(const char* field, const std::vector<uint8_t>& flags) {
   uint8_t bad = 0;
   for (uint8_t f : flags) bad |= static_cast<uint8_t>(f > 1);
@@ -292,7 +366,10 @@ std::optional<BatchError> ValidateBatch(const v1::TransitionBatch& batch, const 
   if (auto e = CheckStreamId(batch.stream_id(), server)) return e;
   const bool step = kind == v1::TransitionBatch::KIND_STEP;
   const int64_t n = batch.count();
-  if (n == 0) return Invalid("count", "count: must be > 0");
+  const bool reports_only = n == 0 && batch.episodes_size() > 0;
+  if (n == 0 && !reports_only) {
+    return Invalid("count", "count: must be > 0 (0 only in a batch that carries episodes and no column)");
+  }
   if (n > server.max_batch_transitions()) {
     return BatchError{v1::Error::TOO_LARGE, "count",
                       absl::StrCat("count: ", n, " exceeds server.max_batch_transitions = ",
@@ -305,10 +382,29 @@ std::optional<BatchError> ValidateBatch(const v1::TransitionBatch& batch, const 
   // Checked into a scratch batch when the caller wants no columns.
   IncomingBatch scratch;
   IncomingBatch& in = out != nullptr ? *out : scratch;
+  in.sequence = batch.sequence();
+  in.kind = kind;
+  in.policy_version = batch.policy_version();
+  in.stream_id = batch.stream_id();
+  if (auto e = CheckEnv(batch.env())) return e;
+  if (auto e = CheckEpisodes(batch.episodes(), &in.episodes.reports)) return e;
+  in.episodes.env = batch.env();
   TransitionColumns& c = in.columns;
   c.n = n;
   c.obs_dim = spec.obs_dim;
   c.num_branches = spec.num_branches();
+  if (reports_only) {
+    if (auto e = CheckNoColumns(batch)) return e;
+    c.obs.clear();
+    c.next_obs.clear();
+    c.actions.clear();
+    c.rewards.clear();
+    c.discounts.clear();
+    in.done.clear();
+    in.truncated.clear();
+    in.env_ids.clear();
+    return std::nullopt;
+  }
   const int64_t dim = spec.obs_dim;
   const int branches = spec.num_branches();
   using T = v1::Tensor;
@@ -386,10 +482,6 @@ std::optional<BatchError> ValidateBatch(const v1::TransitionBatch& batch, const 
       }
     }
   }
-  in.sequence = batch.sequence();
-  in.kind = kind;
-  in.policy_version = batch.policy_version();
-  in.stream_id = batch.stream_id();
   return std::nullopt;
 }
 

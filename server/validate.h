@@ -14,6 +14,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "qstream/v1/config.pb.h"
 #include "qstream/v1/experience.pb.h"
+#include "server/episode_reports.h"
 #include "trainer/network_spec.h"
 #include "trainer/transitions.h"
 
@@ -48,9 +49,10 @@ struct DecodedBatch {
 // Parses one TransitionBatch from its wire bytes, after a pre-scan of the
 // top-level fields: every stream_id occurrence must be at most
 // server.max_stream_id_bytes long (checked from its length prefix, before a
-// byte of it is copied) and of [A-Za-z0-9._:@/-] (so it is valid UTF-8 and
-// protobuf's parser never logs about it). Other fields are skipped by the
-// scan and parsed by protobuf. `out` is cleared first; when the batch is
+// byte of it is copied) and of [A-Za-z0-9._:@/-], and every env occurrence
+// at most wire::kMaxEnvBytes of [A-Za-z0-9_.:/-] (so both are valid UTF-8
+// and protobuf's parser never logs about them). Other fields are skipped by
+// the scan and parsed by protobuf. `out` is cleared first; when the batch is
 // rejected it holds only its sequence (for the Ack).
 DecodedBatch DecodeBatch(absl::string_view bytes, const v1::ServerConfig& server, v1::TransitionBatch* out);
 // The same over a received gRPC message, read twice (scan, parse) without
@@ -74,6 +76,9 @@ struct IncomingBatch {
   std::vector<uint8_t> done;
   std::vector<uint8_t> truncated;
   std::vector<uint32_t> env_ids;
+  // The batch's episode reports and env label (counted once the batch
+  // commits; see IngestOutcome::episodes).
+  EpisodeReports episodes;
 
   int64_t count() const { return columns.n; }
   // Heap bytes it holds (what server.max_queued_bytes counts for it).
@@ -82,8 +87,14 @@ struct IncomingBatch {
 
 // Checks, in order: kind (KIND_NSTEP or KIND_STEP; KIND_UNSPECIFIED is an
 // error), stream_id (at most server.max_stream_id_bytes of [A-Za-z0-9._:@/-]),
-// count (> 0, <= server.max_batch_transitions), policy_version >= 0, then
-// every column's tensor:
+// count (> 0, <= server.max_batch_transitions; 0 only with episodes and
+// every column unset), policy_version >= 0, env (at most wire::kMaxEnvBytes
+// of [A-Za-z0-9_.:/-]; TOO_LARGE beyond), episodes (at most
+// wire::kMaxEpisodesPerBatch, TOO_LARGE beyond; each with a finite
+// episode_return of at most wire::kMaxAbsEpisodeReturn in magnitude, a
+// length in [1, wire::kMaxEpisodeLength] and policy_version >= 0; the error's
+// field is "episodes", its message names the report: "episodes[3].length: 0
+// is not in [1, 1000000000]"), then every column's tensor:
 // present when required, absent when the kind forbids it, its dtype, its
 // shape (obs, next_obs: [count, obs_dim]; actions: [count, branches];
 // rewards, discounts, done, truncated, env_ids: [count]) and its byte length

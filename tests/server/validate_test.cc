@@ -12,6 +12,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "gtest/gtest.h"
+#include "proto/episode_limits.h"
 #include "proto/tensor.h"
 #include "trainer/config.h"
 
@@ -134,7 +135,7 @@ TEST(ValidateBatchTest, FieldNamesCoverEveryError) {
   const auto& names = BatchFieldNames();
   for (const char* field :
        {"kind", "stream_id", "count", "obs", "next_obs", "actions", "rewards", "discounts", "done",
-        "truncated", "env_ids", "policy_version", "queued_bytes", "message"}) {
+        "truncated", "env_ids", "env", "episodes", "policy_version", "queued_bytes", "message"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), field), names.end()) << field;
   }
 }
@@ -142,7 +143,7 @@ TEST(ValidateBatchTest, FieldNamesCoverEveryError) {
 TEST(ValidateBatchTest, CountZeroAndTooLarge) {
   v1::TransitionBatch empty;
   empty.set_kind(v1::TransitionBatch::KIND_NSTEP);
-  ExpectError(empty, "count", "count: must be > 0");
+  ExpectError(empty, "count", "count: must be > 0 (0 only in a batch that carries episodes and no column)");
   ExpectError(NStep(101), "count", "count: 101 exceeds server.max_batch_transitions = 100",
               v1::Error::TOO_LARGE);
 }
@@ -363,17 +364,140 @@ TEST(ValidateBatchTest, NegativePolicyVersion) {
   ExpectError(b, "policy_version", "policy_version: -3 is negative");
 }
 
-// The wire bytes of `b` with a stream_id field (13, length-delimited) of
-// raw `id` appended: protobuf would log when serializing invalid UTF-8.
-std::string WithRawStreamId(const v1::TransitionBatch& b, const std::string& id) {
+v1::EpisodeReport Episode(double episode_return, uint32_t length, int64_t policy_version = 0) {
+  v1::EpisodeReport r;
+  r.set_episode_return(episode_return);
+  r.set_length(length);
+  r.set_policy_version(policy_version);
+  return r;
+}
+
+TEST(ValidateBatchTest, EpisodeReportsAndEnvAreTakenOff) {
+  v1::TransitionBatch b = Step(3);
+  b.set_env("CartPole-v1");
+  *b.add_episodes() = Episode(21.5, 22, 4);
+  *b.add_episodes() = Episode(-wire::kMaxAbsEpisodeReturn, 1, 0);
+  *b.add_episodes() = Episode(wire::kMaxAbsEpisodeReturn, wire::kMaxEpisodeLength, 9);
+  IncomingBatch in;
+  ASSERT_FALSE(ValidateBatch(b, Spec(), Server(), &in).has_value());
+  EXPECT_EQ(in.count(), 3);
+  EXPECT_EQ(in.episodes.env, "CartPole-v1");
+  ASSERT_EQ(in.episodes.reports.size(), 3u);
+  EXPECT_EQ(in.episodes.reports[0].episode_return, 21.5);
+  EXPECT_EQ(in.episodes.reports[0].length, 22);
+  EXPECT_EQ(in.episodes.reports[0].policy_version, 4);
+  EXPECT_EQ(in.episodes.reports[2].length, wire::kMaxEpisodeLength);
+  // The largest env label and the most reports per batch.
+  b.set_env("Acrobot_v1.a:b/c-" + std::string(wire::kMaxEnvBytes - 17, 'x'));
+  while (b.episodes_size() < wire::kMaxEpisodesPerBatch) *b.add_episodes() = Episode(1, 1);
+  ASSERT_FALSE(ValidateBatch(b, Spec(), Server(), &in).has_value());
+  EXPECT_EQ(in.episodes.reports.size(), static_cast<size_t>(wire::kMaxEpisodesPerBatch));
+  // None at all: an empty list, env as named.
+  v1::TransitionBatch plain = NStep(2);
+  ASSERT_FALSE(ValidateBatch(plain, Spec(), Server(), &in).has_value());
+  EXPECT_TRUE(in.episodes.empty());
+  EXPECT_EQ(in.episodes.env, "");
+}
+
+TEST(ValidateBatchTest, EpisodeReturnMustBeFiniteAndBounded) {
+  v1::TransitionBatch b = NStep(2);
+  *b.add_episodes() = Episode(1, 1);
+  *b.add_episodes() = Episode(std::numeric_limits<double>::quiet_NaN(), 5);
+  ExpectError(b, "episodes", "episodes[1].episode_return: nan is not finite");
+  b.mutable_episodes(1)->set_episode_return(-std::numeric_limits<double>::infinity());
+  ExpectError(b, "episodes", "episodes[1].episode_return: -inf is not finite");
+  b.mutable_episodes(1)->set_episode_return(2e12);
+  ExpectError(b, "episodes", "episodes[1].episode_return: 2e+12 is outside [-1e12, 1e12]");
+}
+
+TEST(ValidateBatchTest, EpisodeLengthRange) {
+  v1::TransitionBatch b = Step(2);
+  *b.add_episodes() = Episode(1, 1);
+  *b.add_episodes() = Episode(1, 1);
+  *b.add_episodes() = Episode(1, 0);
+  ExpectError(b, "episodes", "episodes[2].length: 0 is not in [1, 1000000000]");
+  b.mutable_episodes(2)->set_length(1'000'000'001);
+  ExpectError(b, "episodes", "episodes[2].length: 1000000001 is not in [1, 1000000000]");
+}
+
+TEST(ValidateBatchTest, EpisodePolicyVersionNotNegative) {
+  v1::TransitionBatch b = NStep(2);
+  *b.add_episodes() = Episode(1, 1, -1);
+  ExpectError(b, "episodes", "episodes[0].policy_version: -1 is negative");
+}
+
+TEST(ValidateBatchTest, TooManyEpisodes) {
+  v1::TransitionBatch b = NStep(2);
+  for (int i = 0; i <= wire::kMaxEpisodesPerBatch; ++i) *b.add_episodes() = Episode(1, 1);
+  ExpectError(b, "episodes", "episodes: 4097 reports, at most 4096 per batch", v1::Error::TOO_LARGE);
+}
+
+TEST(ValidateBatchTest, EnvLengthAndBytes) {
+  v1::TransitionBatch b = NStep(2);
+  b.set_env(std::string(wire::kMaxEnvBytes + 1, 'a'));
+  ExpectError(b, "env", "env: 65 bytes, at most 64", v1::Error::TOO_LARGE);
+  b.set_env("Cart Pole");
+  ExpectError(b, "env", "env[4]: byte 0x20 is not one of [A-Za-z0-9_.:/-]");
+  b.set_env("env@host");  // '@' is a stream_id byte, not an env label's
+  ExpectError(b, "env", "env[3]: byte 0x40 is not one of [A-Za-z0-9_.:/-]");
+  b.set_env("a\xc3\xa9");
+  ExpectError(b, "env", "env[1]: byte 0xc3 is not one of [A-Za-z0-9_.:/-]");
+}
+
+TEST(ValidateBatchTest, CountZeroCarriesEpisodeReportsAlone) {
+  for (auto kind : {v1::TransitionBatch::KIND_STEP, v1::TransitionBatch::KIND_NSTEP}) {
+    v1::TransitionBatch b;
+    b.set_kind(kind);
+    b.set_sequence(4);
+    b.set_stream_id("actor-1");
+    b.set_env("MountainCar-v0");
+    *b.add_episodes() = Episode(-200, 200, 3);
+    IncomingBatch in;
+    ASSERT_FALSE(ValidateBatch(b, Spec(), Server(), &in).has_value());
+    EXPECT_EQ(in.count(), 0);
+    EXPECT_EQ(in.sequence, 4u);
+    EXPECT_EQ(in.stream_id, "actor-1");
+    EXPECT_TRUE(in.columns.obs.empty());
+    EXPECT_TRUE(in.done.empty());
+    ASSERT_EQ(in.episodes.reports.size(), 1u);
+    EXPECT_EQ(in.episodes.reports[0].episode_return, -200);
+    EXPECT_EQ(in.episodes.env, "MountainCar-v0");
+  }
+  // A column in a batch of count 0, even an empty one, is an error naming it.
+  v1::TransitionBatch b;
+  b.set_kind(v1::TransitionBatch::KIND_STEP);
+  *b.add_episodes() = Episode(1, 1);
+  wire::SetTensor(b.mutable_rewards(), std::vector<float>{}, {0});
+  ExpectError(b, "rewards", "rewards: must be unset in a batch of count 0 (episode reports only)");
+  b.clear_rewards();
+  wire::SetBoolTensor(b.mutable_done(), {});
+  ExpectError(b, "done", "done: must be unset in a batch of count 0 (episode reports only)");
+  // Its reports are validated like any.
+  b.clear_done();
+  b.mutable_episodes(0)->set_length(0);
+  ExpectError(b, "episodes", "episodes[0].length: 0 is not in [1, 1000000000]");
+}
+
+// The wire bytes of `b` with a string field `number` (length-delimited) of
+// raw `text` appended: protobuf would log when serializing invalid UTF-8.
+std::string WithRawString(const v1::TransitionBatch& b, int number, const std::string& text) {
   std::string wire = b.SerializeAsString();
-  wire.push_back(static_cast<char>((13 << 3) | 2));
-  uint64_t length = id.size();
+  uint64_t tag = (static_cast<uint64_t>(number) << 3) | 2;
+  do {
+    wire.push_back(static_cast<char>((tag & 0x7f) | (tag > 0x7f ? 0x80 : 0)));
+    tag >>= 7;
+  } while (tag != 0);
+  uint64_t length = text.size();
   do {
     wire.push_back(static_cast<char>((length & 0x7f) | (length > 0x7f ? 0x80 : 0)));
     length >>= 7;
   } while (length != 0);
-  return wire + id;
+  return wire + text;
+}
+
+// The same for stream_id (field 13).
+std::string WithRawStreamId(const v1::TransitionBatch& b, const std::string& id) {
+  return WithRawString(b, v1::TransitionBatch::kStreamIdFieldNumber, id);
 }
 
 TEST(DecodeBatchTest, ParsesAValidBatch) {
@@ -433,6 +557,30 @@ TEST(DecodeBatchTest, EveryStreamIdOccurrenceIsChecked) {
   const DecodedBatch d = DecodeBatch(WithRawStreamId(b, "bad id"), Server(), &b);
   ASSERT_EQ(d.result, DecodedBatch::kRejected);
   EXPECT_EQ(d.error.message, "stream_id[3]: byte 0x20 is not one of [A-Za-z0-9._:@/-]");
+}
+
+TEST(DecodeBatchTest, EnvIsCheckedBeforeProtobufSeesIt) {
+  v1::TransitionBatch b = Step(2);
+  b.set_sequence(6);
+  *b.add_episodes() = Episode(3, 3);
+  const int env = v1::TransitionBatch::kEnvFieldNumber;
+  v1::TransitionBatch out;
+  EXPECT_EQ(DecodeBatch(WithRawString(b, env, "CartPole-v1"), Server(), &out).result, DecodedBatch::kParsed);
+  EXPECT_EQ(out.env(), "CartPole-v1");
+  EXPECT_EQ(out.episodes_size(), 1);
+  ::testing::internal::CaptureStderr();
+  const DecodedBatch bad = DecodeBatch(WithRawString(b, env, "Cart\xff"), Server(), &out);
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(bad.result, DecodedBatch::kRejected);
+  EXPECT_EQ(bad.error.field, "env");
+  EXPECT_EQ(bad.error.message, "env[4]: byte 0xff is not one of [A-Za-z0-9_.:/-]");
+  EXPECT_EQ(out.sequence(), 6u);
+  EXPECT_EQ(logged, "");
+  const DecodedBatch long_env = DecodeBatch(WithRawString(b, env, std::string(1 << 20, 'a')), Server(), &out);
+  ASSERT_EQ(long_env.result, DecodedBatch::kRejected);
+  EXPECT_EQ(long_env.error.code, v1::Error::TOO_LARGE);
+  EXPECT_EQ(long_env.error.message, "env: 1048576 bytes, at most 64");
+  EXPECT_EQ(out.episodes_size(), 0);  // nothing else was parsed
 }
 
 TEST(DecodeBatchTest, MalformedBytesAreUnparsable) {
