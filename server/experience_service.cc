@@ -266,6 +266,7 @@ class ExperienceService::StreamReactor final : public Reactor,
       return;
     }
     if (!outcome.duplicate && outcome.accepted > 0) service_->counters_->Accepted(outcome.accepted, lag);
+    service_->counters_->Episodes(outcome.episodes);  // set only when the batch committed as new
     v1::Ack ack;
     ack.set_sequence(sequence);
     ack.set_throttle(throttle);

@@ -19,6 +19,37 @@ void IngestCounters::Rejected(const std::string& reason) {
   ++rejected_by_reason_[reason];
 }
 
+namespace {
+
+template <size_t N>
+size_t Bucket(const std::array<double, N>& bounds, double value) {
+  return std::lower_bound(bounds.begin(), bounds.end(), value) - bounds.begin();
+}
+
+}  // namespace
+
+void IngestCounters::Episodes(const EpisodeReports& episodes) {
+  if (episodes.empty()) return;
+  const std::string& label = episodes.env.empty() ? kUnnamedEnvLabel : episodes.env;
+  absl::MutexLock lock(&mu_);
+  auto it = episodes_.find(label);
+  if (it == episodes_.end()) {
+    if (env_labels_ < kMaxEpisodeEnvLabels) {
+      ++env_labels_;
+      it = episodes_.try_emplace(label).first;
+    } else {
+      it = episodes_.try_emplace(kOtherEnvLabel).first;
+    }
+  }
+  EpisodeCounts& c = it->second;
+  for (const EpisodeReport& r : episodes.reports) {
+    ++c.return_buckets[Bucket(kEpisodeReturnBuckets, r.episode_return)];
+    c.return_sum += r.episode_return;
+    ++c.length_buckets[Bucket(kEpisodeLengthBuckets, static_cast<double>(r.length))];
+    c.length_sum += r.length;
+  }
+}
+
 bool IngestCounters::TryOpenStream(int max_streams) {
   if (streams_.fetch_add(1, std::memory_order_relaxed) >= max_streams) {
     streams_.fetch_sub(1, std::memory_order_relaxed);
@@ -32,6 +63,11 @@ void IngestCounters::CloseStream() { streams_.fetch_sub(1, std::memory_order_rel
 std::map<std::string, int64_t> IngestCounters::rejected_by_reason() const {
   absl::MutexLock lock(&mu_);
   return rejected_by_reason_;
+}
+
+std::map<std::string, EpisodeCounts> IngestCounters::episodes() const {
+  absl::MutexLock lock(&mu_);
+  return episodes_;
 }
 
 PolicyLagCounts IngestCounters::policy_lag() const {

@@ -341,6 +341,7 @@ void IngestSessions::Issue(const std::shared_ptr<IngestRecord>& r, Work& work) {
         columns = std::move(batch.columns);
       }
       t.sequence = batch.sequence;
+      t.outcome.episodes = std::move(batch.episodes);
     }
     // The issued state moves on now; the committed one at delivery.
     NStepAssembler::Apply(t.delta, &r->issued_windows);
@@ -363,6 +364,7 @@ void IngestSessions::Issue(const std::shared_ptr<IngestRecord>& r, Work& work) {
         t.outcome.replay_size = replay_size;
       } else {
         t.outcome.accepted = 0;
+        t.outcome.episodes = {};
       }
     }
     Deliver(r);
@@ -390,8 +392,9 @@ void IngestSessions::Deliver(const std::shared_ptr<IngestRecord>& r) {
           // assembled on windows that never were. Only a stopping learner
           // fails an insert, and it fails every later one too; whatever this
           // item would commit is dropped and its stream ends.
-          if (t.inserts || t.sequence != 0 || !t.delta.empty()) {
+          if (t.inserts || t.sequence != 0 || !t.delta.empty() || !t.outcome.episodes.empty()) {
             t.outcome.status = absl::AbortedError("an earlier batch of this stream was not inserted");
+            t.outcome.episodes = {};
           }
         } else {
           t.release_bytes -= NStepAssembler::Commit(&t.delta, &r->windows) * window_bytes;

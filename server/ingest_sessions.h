@@ -49,6 +49,7 @@
 #include "qstream/v1/checkpoint.pb.h"
 #include "qstream/v1/config.pb.h"
 #include "qstream/v1/experience.pb.h"
+#include "server/episode_reports.h"
 #include "server/ingest_counters.h"
 #include "server/nstep.h"
 #include "server/validate.h"
@@ -75,6 +76,10 @@ struct IngestOutcome {
   int64_t accepted = 0;     // transitions written to the replay for this batch
   bool duplicate = false;   // sequence already committed; nothing inserted
   int64_t replay_size = 0;  // after the insert (or the latest known)
+  // The batch's episode reports, only when the batch committed as new (status
+  // OK, no error, not a duplicate): what the episode metrics count, so a
+  // resend is never counted twice.
+  EpisodeReports episodes;
 };
 
 class IngestSessions {

@@ -42,6 +42,24 @@ prometheus::Counter& Counter(prometheus::Registry& r, const std::string& name, c
   return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
 }
 
+template <size_t N>
+std::vector<double> Bounds(const std::array<double, N>& buckets) {
+  return std::vector<double>(buckets.begin(), buckets.end());
+}
+
+// The counts added since `seen`, as ObserveMultiple takes them; false when none.
+template <size_t N>
+bool Increments(const std::array<int64_t, N>& now, const std::array<int64_t, N>& seen,
+                std::vector<double>* increments) {
+  increments->assign(N, 0.0);
+  bool changed = false;
+  for (size_t i = 0; i < N; ++i) {
+    (*increments)[i] = static_cast<double>(now[i] - seen[i]);
+    changed |= now[i] > seen[i];
+  }
+  return changed;
+}
+
 constexpr int kMaxMetricsThreads = 1024;
 constexpr size_t kMaxAuthFileBytes = 64 * 1024;
 constexpr char kAuthRealm[] = "qstream";
@@ -252,7 +270,15 @@ Metrics::Metrics(const MetricsOptions& options, Learner* learner, const IngestCo
                      .Name("qstream_policy_lag_versions")
                      .Help("Policy versions an accepted batch was acted with behind the current one")
                      .Register(r)
-                     .Add({}, std::vector<double>(kPolicyLagBuckets.begin(), kPolicyLagBuckets.end()));
+                     .Add({}, Bounds(kPolicyLagBuckets));
+  episode_return_ = &prometheus::BuildHistogram()
+                         .Name("qstream_episode_return")
+                         .Help("Undiscounted return of the episodes actors reported, by env")
+                         .Register(r);
+  episode_length_ = &prometheus::BuildHistogram()
+                         .Name("qstream_episode_length_steps")
+                         .Help("Environment steps of the episodes actors reported, by env")
+                         .Register(r);
   checkpoint_seconds_ = &Gauge(r, "qstream_checkpoint_seconds", "Background write time of the newest checkpoint");
   checkpoint_snapshot_seconds_ = &Gauge(r, "qstream_checkpoint_snapshot_seconds",
                                         "Learner-thread snapshot time of the newest checkpoint (training stalls this long)");
@@ -378,6 +404,7 @@ void Metrics::Poll() {
   const auto step_times = learner_->DrainStepTimes();
   const auto rejected = counters_->rejected_by_reason();
   const PolicyLagCounts lag = counters_->policy_lag();
+  const auto episodes = counters_->episodes();
 
   absl::MutexLock lock(&mu_);
   // Each window is `count` steps of (mean) `seconds`: all land in one bucket.
@@ -413,14 +440,26 @@ void Metrics::Poll() {
       seen_guard_trips_[i] = s.guard_trips[i];
     }
   }
-  std::vector<double> lag_increments(lag.buckets.size());
-  bool lag_changed = false;
-  for (size_t i = 0; i < lag.buckets.size(); ++i) {
-    lag_increments[i] = static_cast<double>(lag.buckets[i] - seen_lag_.buckets[i]);
-    lag_changed |= lag_increments[i] > 0;
+  std::vector<double> increments;
+  if (Increments(lag.buckets, seen_lag_.buckets, &increments)) {
+    policy_lag_->ObserveMultiple(increments, lag.sum - seen_lag_.sum);
   }
-  if (lag_changed) policy_lag_->ObserveMultiple(lag_increments, lag.sum - seen_lag_.sum);
   seen_lag_ = lag;
+  for (const auto& [env, counts] : episodes) {
+    EpisodeSeries& series = episode_series_[env];
+    if (series.returns == nullptr) {
+      series.returns = &episode_return_->Add({{"env", env}}, Bounds(kEpisodeReturnBuckets));
+      series.lengths = &episode_length_->Add({{"env", env}}, Bounds(kEpisodeLengthBuckets));
+    }
+    if (Increments(counts.return_buckets, series.seen.return_buckets, &increments)) {
+      series.returns->ObserveMultiple(increments, counts.return_sum - series.seen.return_sum);
+    }
+    if (Increments(counts.length_buckets, series.seen.length_buckets, &increments)) {
+      series.lengths->ObserveMultiple(increments,
+                                      static_cast<double>(counts.length_sum - series.seen.length_sum));
+    }
+    series.seen = counts;
+  }
 
   const CheckpointerStats& c = s.checkpoints;
   if (c.written > seen_checkpoints_) {

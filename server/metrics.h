@@ -167,6 +167,8 @@ class Metrics {
   prometheus::Gauge* actor_streams_;
   prometheus::Gauge* samples_per_insert_;
   prometheus::Histogram* policy_lag_;
+  prometheus::Family<prometheus::Histogram>* episode_return_;
+  prometheus::Family<prometheus::Histogram>* episode_length_;
   prometheus::Gauge* checkpoint_seconds_;
   prometheus::Gauge* checkpoint_snapshot_seconds_;
   prometheus::Gauge* checkpoint_bytes_;
@@ -185,6 +187,13 @@ class Metrics {
   std::vector<int64_t> seen_guard_trips_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> seen_rejected_ ABSL_GUARDED_BY(mu_);
   PolicyLagCounts seen_lag_ ABSL_GUARDED_BY(mu_);
+  // Per env label: its two histograms and the counts already exported.
+  struct EpisodeSeries {
+    prometheus::Histogram* returns = nullptr;
+    prometheus::Histogram* lengths = nullptr;
+    EpisodeCounts seen;
+  };
+  std::map<std::string, EpisodeSeries> episode_series_ ABSL_GUARDED_BY(mu_);
   int64_t seen_checkpoints_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, int64_t> seen_checkpoint_failures_ ABSL_GUARDED_BY(mu_);
   int64_t seen_rollbacks_ ABSL_GUARDED_BY(mu_) = 0;

@@ -78,11 +78,12 @@ std::optional<BatchError> NStepAssembler::Add(const IncomingBatch& batch, const 
   const TransitionColumns& in = batch.columns;
   {
     // Admission first, so a rejected batch leaves every window untouched.
-    // Without env_ids every row is env 0, which counts like any other.
+    // Without env_ids every row is env 0, which counts like any other (a
+    // batch of count 0, episode reports only, opens nothing).
     int64_t envs = static_cast<int64_t>(committed.size());
     for (const auto& [id, w] : *delta) envs += committed.count(id) ? 0 : 1;
     std::unordered_set<uint32_t> fresh;
-    for (int64_t i = 0; i < (has_env_ids ? count : 1); ++i) {
+    for (int64_t i = 0; i < (has_env_ids ? count : std::min<int64_t>(count, 1)); ++i) {
       const uint32_t id = has_env_ids ? batch.env_ids[i] : 0;
       if (committed.count(id) || delta->count(id) || !fresh.insert(id).second) continue;
       if (++envs > max_envs_) {

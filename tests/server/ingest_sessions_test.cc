@@ -527,6 +527,60 @@ TEST(IngestSessionsTest, EnvIdsPerSessionAreBoundedByMaxEnvsPerStream) {
   EXPECT_FALSE(SubmitAndWait(rig.sessions.get(), s, Step(2, "envs", {{1, 3, 1}})).duplicate);
 }
 
+IncomingBatch WithEpisodes(IncomingBatch b, const std::string& env, const std::vector<double>& returns) {
+  b.episodes.env = env;
+  for (double r : returns) b.episodes.reports.push_back({r, 10, 0});
+  return b;
+}
+
+// Episode reports come back in the outcome exactly when the batch commits
+// as new: never for a duplicate, a rejected or a failed batch.
+TEST(IngestSessionsTest, EpisodesComeBackOnlyWhenTheBatchCommitsAsNew) {
+  v1::TrainerConfig config = Config();
+  config.mutable_server()->set_max_envs_per_stream(1);
+  Rig rig(config);
+  rig.learner->Start();
+  auto s = rig.sessions->Attach("episodes", [] {});
+  // Env 3's step waits in its window: committed, nothing inserted yet.
+  const IncomingBatch first = WithEpisodes(Step(1, "episodes", {{3, 1, 1}}), "E", {21, 22});
+  IngestOutcome o = SubmitAndWait(rig.sessions.get(), s, first);
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  EXPECT_EQ(o.accepted, 0);
+  EXPECT_EQ(o.episodes.env, "E");
+  ASSERT_EQ(o.episodes.reports.size(), 2u);
+  EXPECT_EQ(o.episodes.reports[1].episode_return, 22);
+  o = SubmitAndWait(rig.sessions.get(), s, first);
+  EXPECT_TRUE(o.duplicate);
+  EXPECT_TRUE(o.episodes.empty());
+  // Reports alone (count 0), both kinds: committed like any batch, and a
+  // KIND_STEP one without env_ids opens no env 0 (the session holds its one
+  // env, env 3).
+  for (auto kind : {v1::TransitionBatch::KIND_STEP, v1::TransitionBatch::KIND_NSTEP}) {
+    const uint64_t sequence = kind == v1::TransitionBatch::KIND_STEP ? 2 : 3;
+    const IncomingBatch alone = WithEpisodes(Incoming(kind, sequence, "episodes", 0), "E", {-5});
+    o = SubmitAndWait(rig.sessions.get(), s, alone);
+    ASSERT_TRUE(o.status.ok()) << o.status;
+    EXPECT_FALSE(o.error.has_value()) << o.error->message;
+    EXPECT_FALSE(o.duplicate);
+    EXPECT_EQ(o.accepted, 0);
+    ASSERT_EQ(o.episodes.reports.size(), 1u);
+    EXPECT_EQ(o.episodes.reports[0].episode_return, -5);
+    o = SubmitAndWait(rig.sessions.get(), s, alone);
+    EXPECT_TRUE(o.duplicate);
+    EXPECT_TRUE(o.episodes.empty());
+  }
+  // Rejected by the session (a second env): nothing comes back.
+  o = SubmitAndWait(rig.sessions.get(), s, WithEpisodes(Step(4, "episodes", {{7, 1, 1, true}}), "E", {1}));
+  ASSERT_TRUE(o.error.has_value());
+  EXPECT_EQ(o.error->field, "env_ids");
+  EXPECT_TRUE(o.episodes.empty());
+  // A failed insert: nothing either.
+  rig.learner->Stop();
+  o = SubmitAndWait(rig.sessions.get(), s, WithEpisodes(Step(5, "episodes", {{3, 1, 1, true}}), "E", {1}));
+  EXPECT_FALSE(o.status.ok());
+  EXPECT_TRUE(o.episodes.empty());
+}
+
 TEST(IngestSessionsTest, SaveRestoreRoundTripAndPrivateSessionsFlushAtRestore) {
   v1::IngestState saved;
   {
