@@ -63,6 +63,7 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
   writer_options.num_envs = n;
   writer_options.flush_transitions = std::max(options.batch_transitions, n);
   writer_options.flush_after = options.flush_after;
+  writer_options.env = options.env;
   auto writer = Writer::Create(stream, writer_options);
   if (!writer.ok()) {
     return writer.status();
@@ -140,7 +141,11 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
       returns.AddReward(i, rewards[i]);
       ++result.env_steps;
       if (terminated[i] != 0 || truncated[i] != 0) {
-        returns.EndEpisode(i);
+        const int64_t length = returns.steps(i);
+        if (absl::Status s = (*writer)->ReportEpisode(returns.EndEpisode(i), length, snap->version);
+            !s.ok()) {
+          return s;
+        }
         envs[i]->Reset(row(obs, i));
       } else {
         std::ranges::copy(row(next_obs, i), row(obs, i).begin());

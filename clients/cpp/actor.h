@@ -2,7 +2,9 @@
 // snapshot (the forward-only policy library, the code the daemon's Evaluate
 // runs) and streams their 1-step transitions through a Writer (KIND_STEP,
 // one env_id per environment) so the daemon assembles n-step returns per
-// environment.
+// environment. Every finished episode is reported on the stream (return,
+// length, policy version; labelled with `env`) for the daemon's episode
+// metrics.
 #pragma once
 
 #include <atomic>
@@ -20,6 +22,8 @@
 namespace qstream::actor {
 
 struct ActorOptions {
+  // The built-in environment (env_registry.h); also the env label of the
+  // episodes reported to the daemon.
   std::string env = "CartPole";
   int num_envs = 4;
   // Stop after this many environment steps (all envs together); 0: no cap.

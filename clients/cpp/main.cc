@@ -29,7 +29,8 @@
 #include "grpcpp/grpcpp.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "qstreamd gRPC address host:port");
-ABSL_FLAG(std::string, env, "CartPole", "built-in environment: CartPole | MountainCar");
+ABSL_FLAG(std::string, env, "CartPole",
+          "built-in environment: CartPole | MountainCar; also the env label of the episodes it reports");
 ABSL_FLAG(int, num_envs, 4, "environments stepped by this process");
 ABSL_FLAG(int64_t, steps, 0, "stop after this many environment steps (all envs); 0: no cap");
 ABSL_FLAG(double, epsilon_start, 1.0, "exploration rate at the first step");

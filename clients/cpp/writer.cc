@@ -1,12 +1,14 @@
 #include "clients/cpp/writer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "proto/episode_limits.h"
 #include "proto/tensor.h"
 
 namespace qstream::actor {
@@ -22,12 +24,23 @@ struct Writer::Columns {
         truncated(o.flush_transitions),
         env_ids(o.flush_transitions) {}
 
-  // One message from the first `count` rows: one copy per column.
+  // One message from the first `count` rows (one copy per column) and the
+  // episode reports; with no row, the reports alone.
   v1::TransitionBatch ToBatch(const WriterOptions& o) const {
     const int64_t n = count;
     v1::TransitionBatch b;
     b.set_kind(v1::TransitionBatch::KIND_STEP);
     b.set_count(static_cast<uint32_t>(n));
+    if (!episodes.empty()) {
+      b.set_env(o.env);
+      b.mutable_episodes()->Add(episodes.begin(), episodes.end());
+    }
+    if (n == 0) {
+      int64_t oldest = std::numeric_limits<int64_t>::max();
+      for (const auto& e : episodes) oldest = std::min(oldest, e.policy_version());
+      b.set_policy_version(episodes.empty() ? 0 : oldest);
+      return b;
+    }
     b.set_policy_version(policy_version);
     wire::SetTensor(b.mutable_obs(), obs.data(), n * o.obs_dim, {n, o.obs_dim});
     wire::SetTensor(b.mutable_next_obs(), next_obs.data(), n * o.obs_dim, {n, o.obs_dim});
@@ -43,7 +56,10 @@ struct Writer::Columns {
     count = 0;
     any_truncated = false;
     policy_version = std::numeric_limits<int64_t>::max();
+    episodes.clear();
   }
+
+  bool empty() const { return count == 0 && episodes.empty(); }
 
   std::vector<float> obs;
   std::vector<float> next_obs;
@@ -56,6 +72,7 @@ struct Writer::Columns {
   bool any_truncated = false;  // an all-false truncated column is left unset
   int64_t policy_version = std::numeric_limits<int64_t>::max();  // oldest of the rows
   absl::Time first_append;                                       // of row 0
+  std::vector<v1::EpisodeReport> episodes;                       // reported since the last hand-over
 };
 
 namespace {
@@ -77,6 +94,11 @@ absl::StatusOr<std::unique_ptr<Writer>> Writer::Create(ExperienceStream& stream,
   }
   if (options.flush_after <= absl::ZeroDuration())
     return absl::InvalidArgumentError("flush_after must be > 0");
+  if (static_cast<int64_t>(options.env.size()) > wire::kMaxEnvBytes ||
+      wire::FirstBadEnvChar(options.env) >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("env: '", options.env, "' is not up to ",
+                                                   wire::kMaxEnvBytes, " bytes of [A-Za-z0-9_.:/-]"));
+  }
   return std::unique_ptr<Writer>(new Writer(stream, options));
 }
 
@@ -102,6 +124,42 @@ void Writer::set_policy_version(int64_t version) {
   policy_version_ = version;
 }
 
+absl::Status Writer::ReportEpisode(double episode_return, int64_t length,
+                                   std::optional<int64_t> policy_version) {
+  if (!std::isfinite(episode_return) || std::abs(episode_return) > wire::kMaxAbsEpisodeReturn) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("episode_return: ", episode_return, " is not a finite number in [-1e12, 1e12]"));
+  }
+  if (length < 1 || length > wire::kMaxEpisodeLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("length: ", length, " is not in [1, ", wire::kMaxEpisodeLength, "]"));
+  }
+  if (policy_version.has_value() && *policy_version < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("policy_version: ", *policy_version, " is negative"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!error_.ok()) return error_;
+  if (closed_) return absl::FailedPreconditionError("writer is closed");
+  if (static_cast<int>(filling_->episodes.size()) >= wire::kMaxEpisodesPerBatch) {
+    if (!options_.block && spare_ == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("writer: ", wire::kMaxEpisodesPerBatch,
+                       " episode reports wait while the daemon acknowledges earlier batches; retry later"));
+    }
+    auto spare_free = [this]()
+                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spare_ != nullptr || !error_.ok(); };
+    mu_.Await(absl::Condition(&spare_free));
+    if (!error_.ok()) return error_;
+    // The sender may have taken a full buffer meanwhile, reports and all.
+    if (static_cast<int>(filling_->episodes.size()) >= wire::kMaxEpisodesPerBatch) HandOverLocked();
+  }
+  v1::EpisodeReport& r = filling_->episodes.emplace_back();
+  r.set_episode_return(episode_return);
+  r.set_length(static_cast<uint32_t>(length));
+  r.set_policy_version(policy_version.value_or(policy_version_));
+  return absl::OkStatus();
+}
+
 absl::Status Writer::Append(int env_id, std::span<const float> obs, std::span<const int32_t> actions,
                             float reward, bool terminated, bool truncated, std::span<const float> next_obs) {
   if (env_id < 0 || env_id >= options_.num_envs) {
@@ -120,7 +178,7 @@ bool Writer::DueLocked(absl::Time now) const {
   return filling_->count > 0 && now >= filling_->first_append + options_.flush_after;
 }
 
-// Callers hold rows in filling_ and a free spare_.
+// Callers hold rows or reports in filling_ and a free spare_.
 void Writer::HandOverLocked() {
   ready_ = std::move(filling_);
   filling_ = std::move(spare_);
@@ -229,11 +287,11 @@ absl::StatusOr<int64_t> Writer::Flush() {
     if (closed_) return absl::FailedPreconditionError("writer is closed");
     // The sender may take the rows itself (flush_after) while this waits.
     auto can_hand_over = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return spare_ != nullptr || filling_->count == 0 || !error_.ok();
+      return spare_ != nullptr || filling_->empty() || !error_.ok();
     };
     mu_.Await(absl::Condition(&can_hand_over));
     if (!error_.ok()) return error_;
-    if (filling_->count > 0) HandOverLocked();
+    if (!filling_->empty()) HandOverLocked();
     auto spare_free = [this]()
                           ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spare_ != nullptr || !error_.ok(); };
     // The spare is back once the sender handed the last batch to the stream.

@@ -13,6 +13,11 @@
 // buffered; once they are, Append waits (block = true) or returns
 // ResourceExhausted and appends nothing (block = false).
 //
+// Finished episodes are reported with ReportEpisode: a report rides on the
+// next batch that goes out (TransitionBatch.episodes, labelled with
+// options.env), and Flush/Close send the reports alone (a batch of count 0)
+// when no transition is left to carry them. The daemon counts each once.
+//
 // Thread-safe; transitions go out in the order they were appended. The
 // stream must outlive the writer; the writer is its only sender, so the
 // acknowledged counts it reports are its own.
@@ -20,7 +25,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
+#include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -48,6 +55,10 @@ struct WriterOptions {
   // When every buffer is taken: true, Append waits for the daemon; false,
   // Append returns ResourceExhausted without appending.
   bool block = true;
+  // The environment's name, the env label of the daemon's episode metrics
+  // (TransitionBatch.env): up to wire::kMaxEnvBytes of [A-Za-z0-9_.:/-];
+  // empty: "unnamed".
+  std::string env;
 };
 
 // One step of every environment of the writer; row i belongs to env i.
@@ -81,8 +92,20 @@ class Writer {
   // Policy version the following steps are acted with; a batch carries the
   // oldest of its steps.
   void set_policy_version(int64_t version);
+  // A finished episode: its undiscounted return, its length in env steps and
+  // the policy version its last step was acted with (default: the one set
+  // by set_policy_version). Call it after the Append of the episode's last
+  // step; the report goes with the next batch. InvalidArgument naming the
+  // argument for a return that is not finite or beyond
+  // wire::kMaxAbsEpisodeReturn, a length outside [1,
+  // wire::kMaxEpisodeLength] or a negative version; once
+  // wire::kMaxEpisodesPerBatch reports wait, the buffer goes out first
+  // (waiting, or ResourceExhausted with block = false).
+  absl::Status ReportEpisode(double episode_return, int64_t length,
+                             std::optional<int64_t> policy_version = std::nullopt);
 
-  // Sends what is buffered, waits until every batch is acknowledged, and
+  // Sends what is buffered (rows and episode reports; reports alone in a
+  // batch of count 0), waits until every batch is acknowledged, and
   // returns the transitions the daemon accepted since the writer was created
   // (sum of Ack.accepted, as the Python Writer's flush(): with n-step, the
   // steps still in an env's window count once they leave it).

@@ -23,7 +23,11 @@ TEST(ReturnTrackerTest, MeanOverLastWindowEpisodes) {
   t.AddReward(0, 1);
   t.AddReward(1, 10);
   t.AddReward(0, 1);
+  EXPECT_EQ(t.steps(0), 2);
+  EXPECT_EQ(t.steps(1), 1);
   EXPECT_DOUBLE_EQ(t.EndEpisode(0), 2);
+  EXPECT_EQ(t.steps(0), 0);  // the next episode counts from 0
+  EXPECT_EQ(t.steps(1), 1);
   EXPECT_FALSE(t.full());
   EXPECT_DOUBLE_EQ(t.EndEpisode(1), 10);
   t.AddReward(0, 3);

@@ -90,6 +90,17 @@ TEST_F(ActorTest, EverythingStreamedIsAcknowledgedAndInTheReplay) {
   EXPECT_GE(result->stream.accepted_transitions, 3000 - options.num_envs * (kNStep - 1));
   // The clean half-close flushed the open n-step windows: every step is in.
   EXPECT_EQ(daemon_->counters().transitions(), 3000);
+  // Every finished episode was reported once, under the env's name; CartPole
+  // pays 1 per step, so the returns add up to the lengths.
+  const auto episodes = daemon_->counters().episodes();
+  ASSERT_EQ(episodes.size(), 1u);
+  const EpisodeCounts& cart = episodes.at("CartPole");
+  int64_t reported = 0;
+  for (int64_t n : cart.return_buckets) reported += n;
+  EXPECT_EQ(reported, result->episodes);
+  EXPECT_EQ(cart.return_sum, static_cast<double>(cart.length_sum));
+  EXPECT_GT(cart.length_sum, 0);
+  EXPECT_LE(cart.length_sum, 3000);
   EXPECT_NE(log.str().find("done env_steps=3000"), std::string::npos) << log.str();
 }
 

@@ -6,6 +6,7 @@
 #include "clients/cpp/writer.h"
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <thread>
@@ -16,6 +17,7 @@
 #include "clients/cpp/experience_stream.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "proto/episode_limits.h"
 #include "proto/tensor.h"
 #include "server/daemon.h"
 #include "trainer/config.h"
@@ -335,6 +337,56 @@ TEST_F(WriterTest, RefusesRowsOfTheWrongSize) {
   EXPECT_FALSE(Writer::Create(*stream_, tiny).ok());
 }
 
+// Episode reports reach the daemon once: with the next batch, and alone (a
+// batch of count 0) at Flush when no row is left to carry them.
+TEST_F(WriterTest, EpisodeReportsReachTheDaemonWithTheNextBatchOrAlone) {
+  StartDaemon(SmallConfig(1));
+  OpenStream();
+  WriterOptions o;
+  o.flush_transitions = 4;
+  o.flush_after = kNever;
+  o.env = "CartPole-v1";
+  auto w = MakeWriter(o);
+  ASSERT_NE(w, nullptr);
+  w->set_policy_version(3);
+  for (int t = 0; t < 3; ++t) ASSERT_TRUE(Step(*w, 0, t, /*terminated=*/t == 2).ok());
+  ASSERT_TRUE(w->ReportEpisode(3, 3).ok());
+  ASSERT_TRUE(w->ReportEpisode(-1.5, 1, 0).ok());
+  ASSERT_TRUE(Step(*w, 0, 3).ok());  // the 4th row sends the batch, reports with it
+  ASSERT_TRUE(Eventually([&] { return stream_->totals().acked_batches == 1; }));
+  auto episodes = daemon_->counters().episodes();
+  ASSERT_EQ(episodes.count("CartPole-v1"), 1u);
+  EXPECT_DOUBLE_EQ(episodes.at("CartPole-v1").return_sum, 1.5);
+  EXPECT_EQ(episodes.at("CartPole-v1").length_sum, 4);
+  // No row left: Flush sends the report alone.
+  ASSERT_TRUE(w->ReportEpisode(10, 10).ok());
+  auto flushed = w->Flush();
+  ASSERT_TRUE(flushed.ok()) << flushed.status();
+  EXPECT_EQ(*flushed, 4);
+  EXPECT_EQ(stream_->totals().sent_batches, 2);
+  episodes = daemon_->counters().episodes();
+  EXPECT_DOUBLE_EQ(episodes.at("CartPole-v1").return_sum, 11.5);
+  EXPECT_EQ(episodes.at("CartPole-v1").length_sum, 14);
+  ASSERT_TRUE(w->Flush().ok());  // nothing left: nothing sent
+  EXPECT_EQ(stream_->totals().sent_batches, 2);
+
+  // Bad reports are refused here, naming the argument; nothing is sent.
+  EXPECT_NE(w->ReportEpisode(std::nan(""), 1).message().find("episode_return"), std::string::npos);
+  EXPECT_NE(w->ReportEpisode(2e12, 1).message().find("episode_return"), std::string::npos);
+  EXPECT_NE(w->ReportEpisode(1, 0).message().find("length"), std::string::npos);
+  EXPECT_NE(w->ReportEpisode(1, 1'000'000'001).message().find("length"), std::string::npos);
+  EXPECT_NE(w->ReportEpisode(1, 1, -1).message().find("policy_version"), std::string::npos);
+  ASSERT_TRUE(w->Close().ok());
+  EXPECT_EQ(stream_->totals().sent_batches, 2);
+  EXPECT_EQ(w->ReportEpisode(1, 1).code(), absl::StatusCode::kFailedPrecondition);
+  WriterOptions bad_env = o;
+  bad_env.obs_dim = kObsDim;
+  bad_env.env = "Cart Pole";
+  EXPECT_FALSE(Writer::Create(*stream_, bad_env).ok());
+  bad_env.env = std::string(65, 'e');
+  EXPECT_FALSE(Writer::Create(*stream_, bad_env).ok());
+}
+
 // An ExperienceService that keeps every batch and accepts all of it.
 class RecordingService final : public v1::ExperienceService::Service {
  public:
@@ -473,6 +525,70 @@ TEST(WriterWireTest, AllFalseTruncatedColumnIsLeftUnset) {
   ASSERT_EQ(service.batches().size(), 1u);
   EXPECT_FALSE(service.batches()[0].has_truncated());
   EXPECT_TRUE(service.batches()[0].has_done());
+}
+
+}  // namespace
+}  // namespace qstream::actor
+
+namespace qstream::actor {
+namespace {
+
+// The reports on the wire: on the batch after them, with env and versions;
+// alone in a batch of count 0 with no column; at most 4096 per batch.
+TEST(WriterWireTest, EpisodeReportsOnTheWire) {
+  RecordingService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  auto stream = ExperienceStream::Open(channel, {});
+  ASSERT_TRUE(stream.ok());
+  WriterOptions o;
+  o.obs_dim = 1;
+  o.flush_after = kNever;
+  o.env = "MountainCar";
+  auto w = Writer::Create(**stream, o);
+  ASSERT_TRUE(w.ok());
+  const float x = 1;
+  const int32_t a = 0;
+  (*w)->set_policy_version(5);
+  ASSERT_TRUE((*w)->Append(0, {&x, 1}, {&a, 1}, -1, /*terminated=*/true, false, {&x, 1}).ok());
+  ASSERT_TRUE((*w)->ReportEpisode(-200, 200).ok());
+  ASSERT_TRUE((*w)->Flush().ok());
+  (*w)->set_policy_version(6);
+  ASSERT_TRUE((*w)->ReportEpisode(-150.5, 151, 4).ok());
+  ASSERT_TRUE((*w)->Flush().ok());
+  for (int i = 0; i <= wire::kMaxEpisodesPerBatch; ++i) ASSERT_TRUE((*w)->ReportEpisode(i, 1).ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  ASSERT_TRUE((*stream)->Close().ok());
+  server->Shutdown();
+
+  const auto got = service.batches();
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[0].count(), 1u);
+  EXPECT_EQ(got[0].env(), "MountainCar");
+  ASSERT_EQ(got[0].episodes_size(), 1);
+  EXPECT_EQ(got[0].episodes(0).episode_return(), -200);
+  EXPECT_EQ(got[0].episodes(0).length(), 200u);
+  EXPECT_EQ(got[0].episodes(0).policy_version(), 5);
+  // Alone: count 0, no column, the batch's version the report's.
+  const v1::TransitionBatch& alone = got[1];
+  EXPECT_EQ(alone.count(), 0u);
+  EXPECT_EQ(alone.kind(), v1::TransitionBatch::KIND_STEP);
+  EXPECT_FALSE(alone.has_obs() || alone.has_next_obs() || alone.has_actions() || alone.has_rewards() ||
+               alone.has_done() || alone.has_truncated() || alone.has_env_ids());
+  ASSERT_EQ(alone.episodes_size(), 1);
+  EXPECT_EQ(alone.episodes(0).policy_version(), 4);
+  EXPECT_EQ(alone.policy_version(), 4);
+  EXPECT_EQ(alone.env(), "MountainCar");
+  // 4097 reports: 4096 in one batch, the last in the next.
+  EXPECT_EQ(got[2].episodes_size(), wire::kMaxEpisodesPerBatch);
+  EXPECT_EQ(got[2].episodes(0).policy_version(), 6);
+  ASSERT_EQ(got[3].episodes_size(), 1);
+  EXPECT_EQ(got[3].episodes(0).episode_return(), wire::kMaxEpisodesPerBatch);
 }
 
 }  // namespace
