@@ -8,6 +8,10 @@ default next-step autoreset, the step that ends an episode returns the
 final observation, and the following step only resets that sub-env: its
 (action, reward) is not a transition and is not sent. With same-step
 autoreset (and gymnasium < 1.0) the final observation comes in `infos`.
+
+Every finished episode is reported to the daemon (Writer.report_episode,
+labelled env=env_id): its return, length and the policy version of its last
+step, exported as qstream_episode_return / qstream_episode_length_steps.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -64,19 +69,25 @@ def _autoreset_mode(envs) -> str:
     return canonical[name]
 
 
+class FinishedEpisode(NamedTuple):
+    episode_return: float  # undiscounted sum of its rewards
+    length: int  # transitions (env steps) in it
+
+
 class TransitionRecorder:
     """Turns vector-env steps into the 1-step transitions to send and the
-    episode returns that finished, for every autoreset mode."""
+    episodes that finished (return and length), for every autoreset mode."""
 
     def __init__(self, num_envs: int, mode: str):
         self.mode = mode
         self.running = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
         # next_step mode: the sub-envs whose coming step only resets them.
         self.resetting = np.zeros(num_envs, dtype=bool)
 
     def record(self, obs, actions, rewards, next_obs, terminated, truncated, infos):
         """Returns (transitions dict: obs, actions, rewards, next_obs, done,
-        truncated, env_ids; list of finished episode returns)."""
+        truncated, env_ids; list of FinishedEpisode)."""
         n = len(terminated)
         terminated = np.asarray(terminated, dtype=bool)
         truncated = np.asarray(truncated, dtype=bool)
@@ -96,9 +107,11 @@ class TransitionRecorder:
         idx = np.flatnonzero(valid)
         finished = []
         self.running[idx] += rewards[idx]
+        self.lengths[idx] += 1
         for i in idx[ended[idx]]:
-            finished.append(float(self.running[i]))
+            finished.append(FinishedEpisode(float(self.running[i]), int(self.lengths[i])))
             self.running[i] = 0.0
+            self.lengths[i] = 0
         steps = dict(
             obs=np.asarray(obs, dtype=np.float32).reshape(n, -1)[idx],
             actions=np.asarray(actions)[idx],
@@ -145,7 +158,8 @@ def run_actor(
     steps, or until the mean return of the last `return_window` episodes
     reaches stop_at_return; flushes and returns the result. Transitions go
     through a qstream.Writer (batch_size = its max_batch, max_delay and
-    max_in_flight as there). The TLS and
+    max_in_flight as there, env = env_id), and so does every finished
+    episode (Writer.report_episode). The TLS and
     token parameters are those of qstream.channel.open_channel; a refused
     token raises AuthError, an unreachable daemon ConnectError."""
     security = dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name,
@@ -164,7 +178,7 @@ def run_actor(
     reached = False
     # On an exception the writer cancels its stream instead of flushing.
     with PolicyWatcher(server, timeout=connect_timeout_s, **security) as watcher, Writer(
-        server, max_batch=batch_size, max_delay=max_delay, max_in_flight=max_in_flight, **security
+        server, max_batch=batch_size, max_delay=max_delay, max_in_flight=max_in_flight, env=env_id, **security
     ) as writer:
         try:
             obs, _ = envs.reset(seed=seed)
@@ -181,7 +195,9 @@ def run_actor(
                     writer.append(t["obs"], t["actions"], t["rewards"], t["done"], t["truncated"],
                                   next_obs=t["next_obs"], env_ids=t["env_ids"], policy_version=policy.version)
                     steps += transitions["env_ids"].size
-                returns.extend(finished)
+                for e in finished:
+                    writer.report_episode(e.episode_return, e.length, policy.version)
+                returns.extend(e.episode_return for e in finished)
                 episodes += len(finished)
                 obs = np.asarray(next_obs, dtype=np.float32).reshape(n, -1)
 

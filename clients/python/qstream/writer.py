@@ -16,11 +16,18 @@ the n-step returns per env) when the buffer is full, when its oldest row is
 `max_delay` seconds old, on flush() and on close(). Sending is pipelined:
 up to `max_in_flight` batches wait for their ack. The stream itself
 (numbering, reconnect and resend, error acks) is qstream.stream.
+
+Finished episodes are reported with report_episode(return, length): the
+reports ride on the next batch that goes out (labelled with the Writer's
+`env`), and flush()/close() send them alone when no row is left to carry
+them. The daemon counts each once, into qstream_episode_return and
+qstream_episode_length_steps.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
 import uuid
@@ -36,6 +43,13 @@ from qstream.stream import BatchRejected, ExperienceStream, StreamError, StreamS
 # Steps waiting for their next observation are kept in arrays indexed by
 # env id; ids at or above this bound must come with next_obs.
 MAX_CHAINED_ENV_ID = 1 << 16
+
+# Bounds of episode reports fixed by the wire API (proto/episode_limits.h).
+MAX_EPISODES_PER_BATCH = 4096
+MAX_EPISODE_LENGTH = 1_000_000_000
+MAX_ABS_EPISODE_RETURN = 1e12
+MAX_ENV_BYTES = 64
+_ENV_LABEL = re.compile(r"[A-Za-z0-9_.:/-]*")
 
 _EVERY = slice(None)  # "every row of this append"
 
@@ -83,6 +97,9 @@ class Writer:
         max_backoff_s, reconnect_timeout_s: reconnect backoff cap, and how
             long reconnecting may fail before StreamError.
         on_ack: called as on_ack(ack, stats) from the ack thread.
+        env: the environment's name, e.g. "CartPole-v1": the `env` label of
+            the daemon's episode metrics for report_episode() (up to 64
+            characters of [A-Za-z0-9_.:/-]); None: "unnamed".
         channel_options: extra gRPC channel options (address only).
         tls_ca, tls_cert, tls_key, tls_server_name, token, token_file: as in
             qstream.channel.open_channel.
@@ -102,6 +119,7 @@ class Writer:
         max_backoff_s: float = 5.0,
         reconnect_timeout_s: float = 60.0,
         on_ack=None,
+        env: str | None = None,
         channel_options: list | None = None,
         tls_ca: PathLike | None = None,
         tls_cert: PathLike | None = None,
@@ -119,6 +137,9 @@ class Writer:
         for name, v in (("obs_dim", obs_dim), ("num_branches", num_branches)):
             if v is not None and v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
+        if env is not None and (len(env) > MAX_ENV_BYTES or not _ENV_LABEL.fullmatch(env)):
+            raise ValueError(f"env: {env!r} is not up to {MAX_ENV_BYTES} characters of [A-Za-z0-9_.:/-]")
+        self.env = env or ""
         self.max_batch = int(max_batch)
         self.max_delay = max_delay
         self.block = block
@@ -143,6 +164,9 @@ class Writer:
         self._n = 0
         self._oldest = 0.0
         self._min_version = 0
+        self._last_version = 0  # of the latest append: report_episode's default
+        # Finished episodes not sent yet: (return, length, policy version).
+        self._episodes: list[tuple[float, int, int]] = []
         # Per env id: the step waiting for the obs of that env's next append.
         self._pending: _Columns | None = None
         self._pending_valid = np.zeros(0, BOOL)
@@ -183,6 +207,12 @@ class Writer:
         """Transitions in the buffer, not yet sent."""
         with self._cv:
             return self._n
+
+    @property
+    def pending_episodes(self) -> int:
+        """Episode reports not sent yet (they go with the next batch)."""
+        with self._cv:
+            return len(self._episodes)
 
     @property
     def pending(self) -> int:
@@ -253,6 +283,7 @@ class Writer:
             if env_ids is not None and ids.size and int(ids.max()) >= MAX_CHAINED_ENV_ID:
                 raise ValueError(f"env_ids: ids >= {MAX_CHAINED_ENV_ID} need next_obs")
         version = int(policy_version)
+        self._last_version = version
         # Rows and pending slots are addressed by slices where they can be
         # (every row; env ids 0..n-1) and by index arrays otherwise.
         every = _EVERY
@@ -298,6 +329,39 @@ class Writer:
                 top = n if env_ids is None else int(ids.max()) + 1
                 self._hold_locked(wslots, top, obs[waiting], action[waiting], reward[waiting], version)
             self._after_append_locked(now)
+
+    def report_episode(self, episode_return: float, length: int, policy_version: int | None = None) -> None:
+        """Reports a finished episode: its undiscounted return, its length in
+        env steps and the policy version it was (last) acted with (default:
+        that of the latest append()). The report goes out with the next
+        batch, after the rows appended so far (report an episode once the
+        append() of its last step is done); flush() and close() send it
+        alone when no row is buffered. The daemon counts it once, under this
+        Writer's `env`, even across resends.
+
+        Raises ValueError (naming the argument) for a non-finite return or
+        one beyond 1e12 in magnitude, a length outside [1, 1e9] or a
+        negative policy version; Backpressure (block=False) when
+        4096 reports are waiting and the window is full; like append() for
+        an earlier rejection or an unusable stream.
+        """
+        ret = float(episode_return)
+        if not math.isfinite(ret) or abs(ret) > MAX_ABS_EPISODE_RETURN:
+            raise ValueError(f"episode_return: {ret} is not a finite number in [-1e12, 1e12]")
+        length = int(length)
+        if not 1 <= length <= MAX_EPISODE_LENGTH:
+            raise ValueError(f"length: {length} is not in [1, {MAX_EPISODE_LENGTH}]")
+        with self._cv:
+            self._check_open_locked()
+            version = self._last_version if policy_version is None else int(policy_version)
+            if version < 0:
+                raise ValueError(f"policy_version: {version} is negative")
+            if len(self._episodes) >= MAX_EPISODES_PER_BATCH:
+                if not self.block and not self._stream.has_room_locked():
+                    raise Backpressure(f"{len(self._episodes)} episode reports wait and "
+                                       f"{self._stream.in_flight_locked()} batches are in flight: no room for more")
+                self._send_when_room_locked(None)
+            self._episodes.append((ret, length, version))
 
     def send(self, batch: experience_pb2.TransitionBatch) -> int:
         """Sends a ready TransitionBatch (qstream.step_batch/nstep_batch)
@@ -520,17 +584,26 @@ class Writer:
             if not ok:
                 raise TimeoutError(f"no free slot: {s.in_flight_locked()} batches still unacknowledged")
         if batch is None:
-            if self._n:  # the sender thread may have sent it while we waited
+            if self._n or self._episodes:  # the sender thread may have sent it while we waited
                 self._send_buffer_locked()
         else:
             s.submit_locked(batch)
 
     def _send_buffer_locked(self) -> None:
+        """Sends the buffered rows with the waiting episode reports (at most
+        MAX_EPISODES_PER_BATCH of them, which report_episode keeps to); with
+        no row, a batch of count 0 that carries the reports alone."""
         n, b = self._n, self._buf
+        episodes, self._episodes = self._episodes, []
+        version = self._min_version if n else min((v for _, _, v in episodes), default=0)
         head = experience_pb2.TransitionBatch(kind=experience_pb2.TransitionBatch.KIND_STEP, count=n,
-                                              policy_version=self._min_version)
-        columns = self._columns.encode(b.obs[:n], b.next_obs[:n], b.actions[:n], b.rewards[:n], b.done[:n],
-                                       b.truncated[:n], b.env_ids[:n])
+                                              policy_version=version)
+        if episodes:
+            head.env = self.env
+            for ret, length, v in episodes:
+                head.episodes.add(episode_return=ret, length=length, policy_version=v)
+        columns = () if not n else self._columns.encode(b.obs[:n], b.next_obs[:n], b.actions[:n], b.rewards[:n],
+                                                         b.done[:n], b.truncated[:n], b.env_ids[:n])
         self._stream.submit_locked(head, columns)  # copies the columns out: the buffer is free again
         self._n = 0
 
@@ -538,11 +611,11 @@ class Writer:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
             self._stream.raise_pending_locked()
-            if self._n:
+            if self._n or self._episodes:
                 if not block and not self._stream.has_room_locked():
                     raise Backpressure(
                         f"{self._stream.in_flight_locked()} batches in flight: the {self._n} buffered rows "
-                        f"cannot go out yet")
+                        f"and {len(self._episodes)} episode reports cannot go out yet")
                 self._await_room_locked(deadline)
                 self._send_when_room_locked(None, deadline)
         self._stream.wait_idle(None if deadline is None else max(0.0, deadline - time.monotonic()))

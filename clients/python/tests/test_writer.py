@@ -2,8 +2,10 @@
 close, the exact acknowledged count, vector envs chained per env, error
 acks, and back-pressure from a daemon whose paused learner holds inserts."""
 
+import re
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -159,3 +161,32 @@ def test_backpressure_raises_or_blocks_while_a_paused_learner_holds_inserts(star
         assert w.close() == 90
         assert b.close() == 20
     assert d.status().transitions_ingested == 110
+
+
+def episode_metrics(d) -> dict:
+    """{(name, env): value} of the qstream_episode_* samples on the daemon's /metrics."""
+    with urllib.request.urlopen(f"http://{d.metrics}/metrics", timeout=10) as r:
+        page = r.read().decode()
+    return {(m.group(1), m.group(2)): float(m.group(3))
+            for m in re.finditer(r'^(qstream_episode_\w+)\{env="([^"]*)"\} (\S+)$', page, re.M)}
+
+
+def test_reported_episodes_reach_the_daemon_metrics_once(start_daemon):
+    d = start_daemon(IDLE_CONFIG)
+    rng = np.random.default_rng(5)
+    w = Writer(d.grpc, obs_dim=OBS_DIM, num_branches=1, max_batch=4, max_delay=None, env="CartPole-v1")
+    terminal_steps(w, rng, 3)
+    w.report_episode(21.0, 21, policy_version=0)
+    w.report_episode(-3.5, 4)
+    terminal_steps(w, rng, 1)  # fills the batch: the reports go with it
+    assert w.flush() == 4
+    w.report_episode(100.25, 101)  # no row left: goes alone at close
+    w.close()
+    wait_until(lambda: episode_metrics(d).get(("qstream_episode_return_count", "CartPole-v1")) == 3,
+               what="three episodes on /metrics")
+    time.sleep(1.2)  # later polls count nothing again
+    m = episode_metrics(d)
+    assert m[("qstream_episode_return_count", "CartPole-v1")] == 3
+    assert m[("qstream_episode_return_sum", "CartPole-v1")] == 21.0 - 3.5 + 100.25
+    assert m[("qstream_episode_length_steps_sum", "CartPole-v1")] == 21 + 4 + 101
+    assert d.status().replay_size == 4

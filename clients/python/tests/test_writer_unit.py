@@ -318,3 +318,69 @@ def test_append_after_close_raises_stream_error(fake):
     w.close()
     with pytest.raises(StreamError):
         terminal_steps(w, [1])
+
+
+def test_episode_reports_ride_on_the_next_batch_with_the_env_label(fake):
+    w = writer(fake, max_batch=4, env="CartPole-v1")
+    terminal_steps(w, [1, 2])
+    w.report_episode(1.5, 1, policy_version=3)
+    w.report_episode(-2, 7)
+    assert w.pending_episodes == 2
+    terminal_steps(w, [3, 4])  # fills the buffer: the reports go with it
+    (batch,) = fake.wait_batches(1)
+    assert batch.count == 4
+    assert batch.env == "CartPole-v1"
+    assert [(e.episode_return, e.length, e.policy_version) for e in batch.episodes] == [(1.5, 1, 3), (-2, 7, 0)]
+    assert w.pending_episodes == 0
+    terminal_steps(w, [5])
+    assert w.close() == 5
+    assert len(fake.batches) == 2 and not fake.batches[1].episodes  # nothing reported twice
+
+
+def test_episode_reports_without_rows_go_alone_at_flush(fake):
+    w = writer(fake, max_batch=4)
+    terminal_steps(w, [1, 2, 3, 4])  # sent at once: nothing left to carry the report
+    fake.wait_batches(1)
+    w.append(np.zeros(OBS_DIM), 0, 1.0, False, False, policy_version=9)  # waits for its next obs
+    w.report_episode(4.0, 4)  # default version: the latest append's
+    assert w.flush(timeout=10) == 4
+    batch = fake.batches[1]
+    assert batch.count == 0
+    assert not any(batch.HasField(c) for c in ("obs", "next_obs", "actions", "rewards", "done", "env_ids"))
+    assert batch.env == ""  # no env: the daemon labels it "unnamed"
+    assert [(e.episode_return, e.length, e.policy_version) for e in batch.episodes] == [(4.0, 4, 9)]
+    assert batch.policy_version == 9
+    w.report_episode(5.0, 5, policy_version=2)
+    w.close()  # close sends them too
+    assert [b.count for b in fake.batches] == [4, 0, 0]
+    assert fake.batches[2].episodes[0].episode_return == 5.0
+
+
+def test_at_most_4096_episode_reports_per_batch(fake):
+    w = writer(fake)
+    for i in range(4097):
+        w.report_episode(i, 1)
+    (batch,) = fake.wait_batches(1)  # the 4097th sent the first 4096
+    assert len(batch.episodes) == 4096
+    w.close()
+    assert [len(b.episodes) for b in fake.batches] == [4096, 1]
+    assert fake.batches[1].episodes[0].episode_return == 4096
+
+
+@pytest.mark.parametrize("args,field", [
+    ((float("nan"), 3), "episode_return"), ((float("inf"), 3), "episode_return"), ((2e12, 3), "episode_return"),
+    ((1.0, 0), "length"), ((1.0, 1_000_000_001), "length"), ((1.0, 3, -1), "policy_version"),
+])
+def test_bad_episode_reports_raise_naming_the_argument(fake, args, field):
+    w = writer(fake)
+    with pytest.raises(ValueError, match=field):
+        w.report_episode(*args)
+    assert w.pending_episodes == 0
+    w.close()
+    assert fake.batches == []
+
+
+@pytest.mark.parametrize("env", ["Cart Pole", "x" * 65, "env@host", "é"])
+def test_bad_env_label_raises(fake, env):
+    with pytest.raises(ValueError, match="env"):
+        writer(fake, env=env)
