@@ -5,9 +5,13 @@
 // rejected batch count nothing; env labels beyond the bound count as
 // env="other".
 #include <algorithm>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <random>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -205,6 +209,22 @@ TEST(EpisodesE2E, ReportsAreExportedOncePerCommittedBatchByEnv) {
   v1::StatusResponse status;
   ASSERT_TRUE(admin->Status(&context, v1::StatusRequest(), &status).ok());
   EXPECT_EQ(status.replay_size(), 4 + 3 + 2 + kMaxEnvLabels);
+
+  // The Grafana dashboard's learning panels query these very families.
+  std::ifstream file(QSTREAM_TEST_SOURCE_DIR "/deploy/grafana/qstream-dashboard.json");
+  ASSERT_TRUE(file.good());
+  std::stringstream dashboard;
+  dashboard << file.rdbuf();
+  const std::string text = dashboard.str();
+  const std::regex name("qstream_episode_[a-z_]+?(_sum|_count|_bucket)?\\b");
+  std::set<std::string> queried;
+  for (std::sregex_iterator it(text.begin(), text.end(), name), end; it != end; ++it) {
+    queried.insert(it->str().substr(0, it->str().size() - (*it)[1].length()));
+  }
+  EXPECT_EQ(queried, (std::set<std::string>{"qstream_episode_length_steps", "qstream_episode_return"}));
+  for (const std::string& family : queried) {
+    EXPECT_NE(std::find(types.begin(), types.end(), family), types.end()) << family;
+  }
 }
 
 }  // namespace
