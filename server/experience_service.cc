@@ -106,7 +106,6 @@ class ExperienceService::StreamReactor final : public Reactor,
       return;
     }
     // request_ and batch_ belong to this reaction until it starts the next read.
-    const bool throttle = service_->learner_->throttled();
     const DecodedBatch decoded = DecodeBatch(&request_, service_->config_.server(), &batch_);
     request_.Clear();
     if (decoded.result == DecodedBatch::kUnparsable) {
@@ -118,13 +117,13 @@ class ExperienceService::StreamReactor final : public Reactor,
     const uint64_t sequence = batch_.sequence();
     const uint64_t slot = OpenSlot();
     if (decoded.result == DecodedBatch::kRejected) {
-      Reject(slot, sequence, throttle, decoded.error);
+      Reject(slot, sequence, decoded.error);
       ReadNext(/*read_reaction_over=*/true);
       return;
     }
     IncomingBatch incoming;
     if (auto error = ValidateBatch(batch_, service_->spec_, service_->config_.server(), &incoming)) {
-      Reject(slot, sequence, throttle, *error);
+      Reject(slot, sequence, *error);
       ReadNext(/*read_reaction_over=*/true);
       return;
     }
@@ -145,7 +144,7 @@ class ExperienceService::StreamReactor final : public Reactor,
       // deduplicated by sequence).
       if (ended) service_->sessions_->Detach(session, /*clean=*/false, [](const IngestOutcome&) {});
     } else if (incoming.stream_id != stream_id_) {
-      Reject(slot, sequence, throttle,
+      Reject(slot, sequence,
              BatchError{v1::Error::INVALID_FIELD, "stream_id",
                         absl::StrCat("stream_id: \"", incoming.stream_id, "\" differs from \"", stream_id_,
                                      "\" that this stream started with")});
@@ -156,8 +155,8 @@ class ExperienceService::StreamReactor final : public Reactor,
         0, service_->policy_version_.load(std::memory_order_relaxed) - incoming.policy_version);
     service_->sessions_->Submit(
         session_, std::move(incoming),
-        [self = shared_from_this(), slot, sequence, throttle, lag](IngestOutcome outcome) {
-          self->OnOutcome(slot, sequence, throttle, std::move(outcome), lag);
+        [self = shared_from_this(), slot, sequence, lag](IngestOutcome outcome) {
+          self->OnOutcome(slot, sequence, std::move(outcome), lag);
         });
     ReadNext(/*read_reaction_over=*/true);
   }
@@ -253,7 +252,7 @@ class ExperienceService::StreamReactor final : public Reactor,
   }
 
   // Runs inline in Submit or on a learner callback thread, in submission order.
-  void OnOutcome(uint64_t slot, uint64_t sequence, bool throttle, IngestOutcome outcome, int64_t lag)
+  void OnOutcome(uint64_t slot, uint64_t sequence, IngestOutcome outcome, int64_t lag)
       ABSL_LOCKS_EXCLUDED(mu_) {
     if (!outcome.status.ok()) {
       Fill(slot, std::nullopt);
@@ -262,29 +261,31 @@ class ExperienceService::StreamReactor final : public Reactor,
     }
     service_->replay_size_.store(outcome.replay_size, std::memory_order_relaxed);
     if (outcome.error) {
-      Reject(slot, sequence, throttle, *outcome.error);
+      Reject(slot, sequence, *outcome.error);
       return;
     }
     if (!outcome.duplicate && outcome.accepted > 0) service_->counters_->Accepted(outcome.accepted, lag);
     service_->counters_->Episodes(outcome.episodes);  // set only when the batch committed as new
     v1::Ack ack;
     ack.set_sequence(sequence);
-    ack.set_throttle(throttle);
     ack.set_duplicate(outcome.duplicate);
     ack.set_accepted(static_cast<uint32_t>(outcome.accepted));
     WriteAck(slot, &ack);
   }
 
-  void Reject(uint64_t slot, uint64_t sequence, bool throttle, const BatchError& error) {
+  void Reject(uint64_t slot, uint64_t sequence, const BatchError& error) {
     service_->counters_->Rejected(error.field);
     v1::Ack ack;
     ack.set_sequence(sequence);
-    ack.set_throttle(throttle);
     *ack.mutable_error() = error.ToProto();
     WriteAck(slot, &ack);
   }
 
+  // Every ack carries the daemon's state as it is written: replay size,
+  // policy version and `throttle` (Ack.throttle: the batches and n-step
+  // windows waiting for the replay hold half of server.max_queued_bytes).
   void WriteAck(uint64_t slot, v1::Ack* ack) ABSL_LOCKS_EXCLUDED(mu_) {
+    ack->set_throttle(service_->sessions_->pressured());
     ack->set_replay_size(service_->replay_size_.load(std::memory_order_relaxed));
     ack->set_policy_version(service_->policy_version_.load(std::memory_order_relaxed));
     grpc::ByteBuffer bytes;

@@ -138,6 +138,10 @@ class IngestSessions {
   // What server.max_queued_bytes counts now: submitted batches not yet
   // finished plus every session's windows.
   int64_t queued_bytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
+  // Ack.throttle: queued_bytes() has reached half of server.max_queued_bytes.
+  // Past the whole of it batches are refused (RESOURCE_EXHAUSTED), so this is
+  // the early word to the actors to keep fewer batches in flight. Lock-free.
+  bool pressured() const { return 2 * queued_bytes() >= config_.server().max_queued_bytes(); }
 
  private:
   friend struct IngestRecord;

@@ -494,8 +494,6 @@ LearnerStatus Learner::status() const {
   return s;
 }
 
-bool Learner::throttled() const { return !limiter_.CanInsertRelaxed(); }
-
 std::shared_ptr<const PolicySnapshot> Learner::policy() const {
   absl::MutexLock lock(&mu_);
   return policy_;

@@ -149,9 +149,6 @@ class Learner {
   void Resume();
 
   LearnerStatus status() const;
-  // True while the rate limiter holds inserts back (ingest should throttle).
-  bool throttled() const;
-
   std::shared_ptr<const PolicySnapshot> policy() const;
   // Listener runs on the learner thread for every new snapshot; returns an id.
   int64_t AddPolicyListener(PolicyListener listener);

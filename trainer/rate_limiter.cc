@@ -8,10 +8,7 @@ RateLimiter::RateLimiter(const v1::RateLimiterConfig& config)
       min_diff_(static_cast<double>(config.min_size_to_sample()) * config.samples_per_insert() -
                 config.error_buffer()),
       max_diff_(static_cast<double>(config.min_size_to_sample()) * config.samples_per_insert() +
-                config.error_buffer()) {
-  absl::MutexLock lock(&mu_);
-  can_insert_.store(CanInsertLocked(), std::memory_order_relaxed);
-}
+                config.error_buffer()) {}
 
 bool RateLimiter::CanInsertLocked() const {
   if (spi_ <= 0) return true;
@@ -30,7 +27,6 @@ void RateLimiter::Restore(int64_t inserts, int64_t samples) {
   absl::MutexLock lock(&mu_);
   inserts_ = inserts;
   samples_ = samples;
-  can_insert_.store(CanInsertLocked(), std::memory_order_relaxed);
 }
 
 bool RateLimiter::CanInsert() const {
@@ -66,13 +62,11 @@ absl::Status RateLimiter::AwaitCanSample(int64_t k, absl::Duration timeout) {
 void RateLimiter::Inserted(int64_t n) {
   absl::MutexLock lock(&mu_);
   inserts_ += n;
-  can_insert_.store(CanInsertLocked(), std::memory_order_relaxed);
 }
 
 void RateLimiter::Sampled(int64_t k) {
   absl::MutexLock lock(&mu_);
   samples_ += k;
-  can_insert_.store(CanInsertLocked(), std::memory_order_relaxed);
 }
 
 void RateLimiter::Cancel() {

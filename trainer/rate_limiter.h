@@ -7,7 +7,6 @@
 // spi <= 0 disables the ratio: inserts always pass, samples need min size only.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 
 #include "absl/base/thread_annotations.h"
@@ -24,10 +23,6 @@ class RateLimiter {
 
   // Non-blocking checks. `size` is the current replay size.
   bool CanInsert() const ABSL_LOCKS_EXCLUDED(mu_);
-  // CanInsert as of the last change, without the lock: for advisory readers
-  // on many threads (Ack.throttle on every ack), which must not contend with
-  // the learner thread for mu_.
-  bool CanInsertRelaxed() const { return can_insert_.load(std::memory_order_relaxed); }
   bool CanSample(int64_t k) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocking forms: wait until allowed, cancelled (CancelledError) or timed
@@ -55,7 +50,6 @@ class RateLimiter {
   const double min_diff_;
   const double max_diff_;
   mutable absl::Mutex mu_;
-  std::atomic<bool> can_insert_{true};        // CanInsertLocked() after the last change
   int64_t inserts_ ABSL_GUARDED_BY(mu_) = 0;  // also the replay size bound: size = min(inserts, capacity)
   int64_t samples_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;

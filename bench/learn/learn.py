@@ -10,7 +10,8 @@ is acting with (version and weights) to the evaluation process, which plays
 `eval_episodes` greedy episodes with it and writes one JSON line:
 
   {"env", "variant", "seed", "env_steps", "wall_s", "mean_return_20",
-   "episodes", "policy_version", "eval_return", "eval_min", "eval_max"}
+   "episodes", "policy_version", "acks", "throttled_acks", "eval_return",
+   "eval_min", "eval_max"}
 
 into OUT/runs/<env>__<variant>__s<seed>.jsonl. When all runs are over it
 writes OUT/summary.json (each run checked against its env's targets) and, with
@@ -213,19 +214,11 @@ def train_actor(run: Run, server: str, queue, knobs: dict) -> None:
     returns = collections.deque(maxlen=20)
     episodes = 0
     steps = 0
-    lengths = np.zeros(n, dtype=np.int64)
     start = time.monotonic()
     next_eval = env.eval_every
-    writer_kwargs = dict(max_batch=256, max_delay=0.02, max_in_flight=8)
-    try:
-        import inspect
-
-        if "env" in inspect.signature(Writer.__init__).parameters:
-            writer_kwargs["env"] = env.env_id
-    except (TypeError, ValueError):
-        pass
-    with PolicyWatcher(server, timeout=60) as watcher, Writer(server, **writer_kwargs) as writer:
-        report = getattr(writer, "report_episode", None)
+    with PolicyWatcher(server, timeout=60) as watcher, Writer(
+        server, max_batch=256, max_delay=0.02, max_in_flight=8, env=env.env_id
+    ) as writer:
         obs, _ = envs.reset(seed=run.seed)
         obs = np.asarray(obs, dtype=np.float32).reshape(n, -1)
         recorder = TransitionRecorder(n, _autoreset_mode(envs))
@@ -240,19 +233,17 @@ def train_actor(run: Run, server: str, queue, knobs: dict) -> None:
                 writer.append(t["obs"], t["actions"], t["rewards"], t["done"], t["truncated"],
                               next_obs=t["next_obs"], env_ids=ids, policy_version=policy.version)
                 steps += ids.size
-                lengths[ids] += 1
-                ended = ids[(t["done"] | t["truncated"])]
-                if report is not None:
-                    for i, ret in zip(ended, finished):
-                        report(ret, int(lengths[i]), policy_version=policy.version)
-                lengths[ended] = 0
-            returns.extend(finished)
+            for e in finished:  # into the daemon's qstream_episode_return{env}
+                writer.report_episode(e.episode_return, e.length, policy.version)
+            returns.extend(e.episode_return for e in finished)
             episodes += len(finished)
             obs = np.asarray(next_obs, dtype=np.float32).reshape(n, -1)
             if steps >= next_eval:
+                st = writer.stats
                 point = dict(env_steps=steps, wall_s=round(time.monotonic() - start, 2),
                              mean_return_20=float(np.mean(returns)) if returns else None,
-                             episodes=episodes, policy_version=policy.version)
+                             episodes=episodes, policy_version=policy.version, acks=st.acked_batches,
+                             throttled_acks=st.throttled_acks)
                 queue.put((point, policy))
                 next_eval += env.eval_every
         writer.flush()
@@ -367,6 +358,8 @@ def summarize(env: EnvSpec, points: list[dict]) -> dict:
     out.update(final_env_steps=last["env_steps"], final_wall_s=last["wall_s"],
                final_mean_return_20=last["mean_return_20"], final_eval_return=last["eval_return"],
                best_eval_return=max(p["eval_return"] for p in points))
+    if last.get("acks"):
+        out["throttled_ack_fraction"] = round(last["throttled_acks"] / last["acks"], 4)
     if env.final_eval is not None:
         met = met and last["eval_return"] >= env.final_eval
     out["met"] = bool(met)
@@ -441,7 +434,7 @@ def main() -> int:
                     summaries.append(s)
                     print(f"learn: done {name}: " + json.dumps({k: s.get(k) for k in (
                         "met", "reached_at_env_steps", "min_mean_return_after_reach", "final_mean_return_20",
-                        "final_eval_return", "wall_s", "error") if k in s}), flush=True)
+                        "final_eval_return", "throttled_ack_fraction", "wall_s", "error") if k in s}), flush=True)
             if time.monotonic() - last_report >= 30:
                 last_report = time.monotonic()
                 progress = []

@@ -43,7 +43,10 @@ absl::StatusOr<std::unique_ptr<ExperienceStream>> ExperienceStream::Open(
 }
 
 ExperienceStream::ExperienceStream(std::unique_ptr<v1::ExperienceService::Stub> stub, const Options& options)
-    : options_(options), stub_(std::move(stub)) {}
+    : options_(options), stub_(std::move(stub)), window_(options.max_in_flight) {
+  absl::MutexLock lock(&mu_);
+  totals_.window = window_.size();
+}
 
 ExperienceStream::~ExperienceStream() {
   {
@@ -110,6 +113,9 @@ void ExperienceStream::ReadLoop() {
       totals_.replay_size = ack.replay_size();
       totals_.daemon_policy_version = ack.policy_version();
       totals_.throttle = ack.throttle();
+      if (ack.throttle()) ++totals_.throttled_acks;
+      window_.OnAck(ack.throttle());
+      totals_.window = window_.size();
       // Acks come in order; one for an older sequence re-acknowledges a resend.
       // A duplicate ack (already inserted earlier) acknowledges the batch too.
       if (unacked_.empty() || ack.sequence() != unacked_.front()->sequence()) {
@@ -182,7 +188,7 @@ absl::Status ExperienceStream::Send(v1::TransitionBatch batch) {
   {
     absl::MutexLock lock(&mu_);
     auto has_room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !error_.ok() || reader_done_ || static_cast<int>(unacked_.size()) < options_.max_in_flight;
+      return !error_.ok() || reader_done_ || static_cast<int>(unacked_.size()) < window_.size();
     };
     mu_.Await(absl::Condition(&has_room));
     if (!error_.ok()) {

@@ -30,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "clients/cpp/in_flight_window.h"
 #include "qstream/v1/experience.grpc.pb.h"
 
 namespace qstream::actor {
@@ -42,6 +43,10 @@ struct StreamTotals {
   int64_t replay_size = 0;           // from the last ack
   int64_t daemon_policy_version = 0;
   bool throttle = false;
+  int64_t throttled_acks = 0;  // acks with Ack.throttle set
+  // In-flight window now: max_in_flight, halved on a throttled ack at most
+  // once per window of acks, +1 per unthrottled ack (Ack.throttle).
+  int window = 0;
   int64_t reconnects = 0;
 };
 
@@ -96,6 +101,7 @@ class ExperienceStream {
   mutable absl::Mutex mu_;
   std::shared_ptr<Attempt> attempt_ ABSL_GUARDED_BY(mu_);
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  InFlightWindow window_ ABSL_GUARDED_BY(mu_);
   // Shared with a Write in progress, so an ack that pops it cannot free it under the writer.
   std::deque<std::shared_ptr<const v1::TransitionBatch>> unacked_ ABSL_GUARDED_BY(mu_);
   StreamTotals totals_ ABSL_GUARDED_BY(mu_);

@@ -2,11 +2,31 @@
 
 #include "clients/cpp/env_registry.h"
 #include "clients/cpp/epsilon_schedule.h"
+#include "clients/cpp/in_flight_window.h"
 #include "clients/cpp/return_tracker.h"
 #include "gtest/gtest.h"
 
 namespace qstream::actor {
 namespace {
+
+// Ack.throttle: the first throttled ack halves the window, the next cut
+// needs a window of acks, unthrottled acks grow it by one up to the max.
+TEST(InFlightWindowTest, HalvesOncePerWindowOnThrottleAndGrowsByOne) {
+  InFlightWindow w(8);
+  EXPECT_EQ(w.size(), 8);
+  w.OnAck(true);
+  EXPECT_EQ(w.size(), 4);
+  for (int i = 0; i < 3; ++i) w.OnAck(true);  // 3 acks since the cut: < 4
+  EXPECT_EQ(w.size(), 4);
+  w.OnAck(true);
+  EXPECT_EQ(w.size(), 2);
+  for (int i = 0; i < 10; ++i) w.OnAck(true);
+  EXPECT_EQ(w.size(), 1);  // never below one
+  w.OnAck(false);
+  EXPECT_EQ(w.size(), 2);
+  for (int i = 0; i < 20; ++i) w.OnAck(false);
+  EXPECT_EQ(w.size(), 8);  // never above the max
+}
 
 TEST(EpsilonScheduleTest, DecaysLinearlyThenHolds) {
   EpsilonSchedule e{1.0, 0.1, 100};

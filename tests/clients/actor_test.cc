@@ -82,6 +82,9 @@ TEST_F(ActorTest, EverythingStreamedIsAcknowledgedAndInTheReplay) {
   EXPECT_GT(result->episodes, 10);  // mostly random CartPole episodes are short
   EXPECT_EQ(result->stream.sent_transitions, 3000);
   EXPECT_EQ(result->stream.acked_batches, result->stream.sent_batches);
+  // The queue never held half of server.max_queued_bytes: no ack throttled.
+  EXPECT_EQ(result->stream.throttled_acks, 0);
+  EXPECT_EQ(result->stream.window, 2);
   // A batch goes out once it holds 50 transitions (a round of 3 envs may
   // straddle two batches): 60 of them.
   EXPECT_EQ(result->stream.sent_batches, 60);

@@ -485,6 +485,35 @@ TEST(IngestSessionsTest, QueuedBytesFullRefusesWithResourceExhaustedUntilTheRepl
   EXPECT_EQ(rig.sessions->queued_bytes(), 0);
 }
 
+// Ack.throttle: pressured() from half of server.max_queued_bytes of queued
+// batches, and no longer once the replay took them.
+TEST(IngestSessionsTest, PressuredFromHalfOfMaxQueuedBytes) {
+  int64_t one_batch = 0;
+  {
+    Rig probe(Config());  // not started: the batch waits in the queue
+    auto s = probe.sessions->Attach("p", [] {});
+    probe.sessions->Submit(s, NStep(1, "p", {1}), [](IngestOutcome) {});
+    one_batch = probe.sessions->queued_bytes();
+    ASSERT_GT(one_batch, 0);
+    probe.learner->Start();
+  }
+  v1::TrainerConfig config = Config();
+  config.mutable_server()->set_max_queued_bytes(4 * one_batch);
+  Rig rig(config);
+  auto s = rig.sessions->Attach("p", [] {});
+  EXPECT_FALSE(rig.sessions->pressured());
+  std::atomic<int> done{0};
+  rig.sessions->Submit(s, NStep(1, "p", {1}), [&](IngestOutcome) { done.fetch_add(1); });
+  EXPECT_EQ(rig.sessions->queued_bytes(), one_batch);
+  EXPECT_FALSE(rig.sessions->pressured());  // a quarter
+  rig.sessions->Submit(s, NStep(2, "p", {2}), [&](IngestOutcome) { done.fetch_add(1); });
+  EXPECT_TRUE(rig.sessions->pressured());  // half
+  rig.learner->Start();
+  while (done.load() < 2) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(rig.sessions->queued_bytes(), 0);
+  EXPECT_FALSE(rig.sessions->pressured());
+}
+
 TEST(IngestSessionsTest, WindowsCountTowardsTheQueuedBytesUntilFlushed) {
   v1::TrainerConfig config = Config();
   const int64_t window_bytes =

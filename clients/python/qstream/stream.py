@@ -76,6 +76,10 @@ class StreamStats:
     replay_size: int = 0
     daemon_policy_version: int = 0
     throttle: bool = False
+    # Acks with throttle set, and the in-flight window now (max_in_flight,
+    # halved on a throttled ack; see Ack.throttle).
+    throttled_acks: int = 0
+    window: int = 0
     reconnects: int = 0
 
 
@@ -113,6 +117,10 @@ class ExperienceStream:
         )
         self.stream_id = stream_id
         self.max_in_flight = max_in_flight
+        # AIMD on Ack.throttle: halved on a throttled ack at most once per
+        # window of acks, +1 per unthrottled ack, within [1, max_in_flight].
+        self._window = max_in_flight
+        self._acks_since_cut = max_in_flight  # the first throttled ack cuts at once
         self._max_backoff_s = max_backoff_s
         self._reconnect_timeout_s = reconnect_timeout_s
         self._on_ack = on_ack
@@ -124,7 +132,7 @@ class ExperienceStream:
         self._fatal: QstreamError | None = None
         self._closing = False
         self._aborted = False  # stop at once, unacknowledged batches or not
-        self._stats = StreamStats()
+        self._stats = StreamStats(window=max_in_flight)
         self._queue: queue.Queue | None = None
         self._call = None
         # Called (cv held) after each ack settled a batch: the owner's hook
@@ -137,10 +145,10 @@ class ExperienceStream:
     # ---- called with cv held ---------------------------------------------
 
     def has_room_locked(self) -> bool:
-        return len(self._unacked) < self.max_in_flight
+        return len(self._unacked) < self._window
 
     def free_slots_locked(self) -> int:
-        return self.max_in_flight - len(self._unacked)
+        return max(0, self._window - len(self._unacked))
 
     def in_flight_locked(self) -> int:
         return len(self._unacked)
@@ -250,6 +258,15 @@ class ExperienceStream:
             s.replay_size = ack.replay_size
             s.daemon_policy_version = ack.policy_version
             s.throttle = ack.throttle
+            self._acks_since_cut += 1
+            if ack.throttle:
+                s.throttled_acks += 1
+                if self._acks_since_cut >= self._window:
+                    self._window = max(1, self._window // 2)
+                    self._acks_since_cut = 0
+            elif self._window < self.max_in_flight:
+                self._window += 1
+            s.window = self._window
             if sent is not None:
                 s.acked_batches += 1
                 if ack.HasField("error") and (ack.error.field or ack.error.message):

@@ -2,7 +2,8 @@
 batch it reads and acknowledges it (accepted = count), so Writer tests can
 look at the exact batches sent without a qstreamd. `hold()` stops acking
 (like a daemon whose learner holds inserts back) until `release()`; `reject`
-makes the batches with the given sequences get an error ack instead."""
+makes the batches with the given sequences get an error ack instead;
+`throttle` lists the sequences whose ack has Ack.throttle set."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class FakeDaemon:
     def __init__(self):
         self.batches: list[TransitionBatch] = []
         self.reject: dict[int, tuple[str, str]] = {}  # sequence -> (field, message)
+        self.throttle: set[int] = set()
         self._cv = threading.Condition()
         self._open = threading.Event()
         self._open.set()
@@ -45,7 +47,8 @@ class FakeDaemon:
                 yield experience_pb2.Ack(sequence=batch.sequence, error=experience_pb2.Error(
                     code=experience_pb2.Error.INVALID_FIELD, field=field, message=message))
             else:
-                yield experience_pb2.Ack(sequence=batch.sequence, accepted=batch.count)
+                yield experience_pb2.Ack(sequence=batch.sequence, accepted=batch.count,
+                                         throttle=batch.sequence in self.throttle)
 
     def hold(self) -> None:
         self._open.clear()

@@ -281,6 +281,26 @@ def test_blocking_append_waits_for_a_free_slot(fake):
     assert w.close() == 2
 
 
+def test_throttled_acks_halve_the_window_once_per_window_and_plain_acks_grow_it_back(fake):
+    fake.throttle = {1, 2, 3, 4, 5}
+    w = writer(fake, max_batch=1, max_in_flight=8)
+    assert w.stats.window == 8
+    for v in range(1, 6):  # one at a time: each ack is in before the next batch
+        terminal_steps(w, [v])
+        w.flush(timeout=10)
+    s = w.stats
+    assert s.throttled_acks == 5
+    # Ack 1 cuts 8 -> 4; the next cut needs 4 more acks (ack 5): 4 -> 2.
+    assert s.window == 2
+    assert s.throttle
+    for v in range(6, 9):
+        terminal_steps(w, [v])
+        w.flush(timeout=10)
+    assert w.stats.window == 5  # +1 per unthrottled ack
+    assert not w.stats.throttle
+    assert w.close() == 8
+
+
 def test_send_goes_out_after_the_buffered_rows(fake):
     w = writer(fake, max_batch=100)
     terminal_steps(w, [1, 2])
