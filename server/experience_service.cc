@@ -153,11 +153,10 @@ class ExperienceService::StreamReactor final : public Reactor,
     }
     const int64_t lag = std::max<int64_t>(
         0, service_->policy_version_.load(std::memory_order_relaxed) - incoming.policy_version);
-    service_->sessions_->Submit(
-        session_, std::move(incoming),
-        [self = shared_from_this(), slot, sequence, lag](IngestOutcome outcome) {
-          self->OnOutcome(slot, sequence, std::move(outcome), lag);
-        });
+    service_->sessions_->Submit(session_, std::move(incoming),
+                                [self = shared_from_this(), slot, sequence, lag](IngestOutcome outcome) {
+                                  self->OnOutcome(slot, sequence, std::move(outcome), lag);
+                                });
     ReadNext(/*read_reaction_over=*/true);
   }
 

@@ -29,8 +29,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "grpcpp/grpcpp.h"
 #include "clients/cpp/in_flight_window.h"
+#include "grpcpp/grpcpp.h"
 #include "qstream/v1/experience.grpc.pb.h"
 
 namespace qstream::actor {
