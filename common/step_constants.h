@@ -6,6 +6,13 @@
 #include <cmath>
 #include <cstdint>
 
+// Functions below are compiled for the device too when nvcc includes this.
+#ifdef __CUDACC__
+#define QS_HOST_DEVICE __host__ __device__
+#else
+#define QS_HOST_DEVICE
+#endif
+
 namespace qstream::step {
 
 // Guard reasons (backend.h step 9), first match wins. trainer's GuardReason
@@ -26,6 +33,17 @@ inline float QBound(float max_abs_q, float v_min, float v_max) {
   if (max_abs_q > 0) return max_abs_q;
   const double bound = std::fabs(v_min) > std::fabs(v_max) ? std::fabs(v_min) : std::fabs(v_max);
   return static_cast<float>(bound * (1.0 + kSupportBoundSlack));
+}
+
+// Weight alpha of the MSE term in the loss blend (1 - alpha) CE + alpha MSE
+// at step t (steps taken before the running one), config.proto MseBlend:
+// start + (end - start) * min(1, t / steps), exactly end from t = steps on
+// (and when steps <= 0). Computed in float with one fused multiply-add on
+// host and device alike, so the CPU and CUDA backends use the same alpha
+// bit for bit.
+QS_HOST_DEVICE inline float MseBlendAlpha(float start, float end, int64_t steps, int64_t t) {
+  if (steps <= 0 || t >= steps) return end;
+  return fmaf(end - start, static_cast<float>(t) / static_cast<float>(steps), start);
 }
 
 }  // namespace qstream::step

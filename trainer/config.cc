@@ -27,6 +27,9 @@ void FillDefaults(v1::TrainerConfig* config) {
   config->mutable_guard();
   config->mutable_returns();
   config->mutable_server();
+  // `loss` stays unset unless given: the config is copied into every
+  // checkpoint manifest, and a daemon built before LossConfig existed can
+  // then still restore checkpoints that do not use it.
 }
 
 v1::TrainerConfig DefaultConfig() {
@@ -108,6 +111,13 @@ absl::Status ValidateConfig(const v1::TrainerConfig& c) {
   if (k.every_steps() < 0) return Bad("checkpoint.every_steps", "must be >= 0");
   if (!Finite(k.every_seconds()) || k.every_seconds() < 0) return Bad("checkpoint.every_seconds", "must be >= 0");
   if (k.keep() < 1) return Bad("checkpoint.keep", "must be >= 1");
+  const auto& loss = c.loss();
+  if (!(loss.label_smoothing() >= 0 && loss.label_smoothing() < 1))
+    return Bad("loss.label_smoothing", "must be in [0, 1)");
+  const auto& blend = loss.mse_blend();
+  if (!(blend.start() >= 0 && blend.start() <= 1)) return Bad("loss.mse_blend.start", "must be in [0, 1]");
+  if (!(blend.end() >= 0 && blend.end() <= 1)) return Bad("loss.mse_blend.end", "must be in [0, 1]");
+  if (blend.steps() < 0) return Bad("loss.mse_blend.steps", "must be >= 0");
   return absl::OkStatus();
 }
 

@@ -54,11 +54,19 @@ TEST(ConfigTest, ValidationErrorsNameTheField) {
       {"replay { alpha: 1.5 }", "replay.alpha"},
       {"replay { beta_start: -0.1 }", "replay.beta_start"},
       {"replay { priority_epsilon: 0 }", "replay.priority_epsilon"},
-      {"replay { capacity: 100 } rate_limiter { min_size_to_sample: 101 }", "rate_limiter.min_size_to_sample"},
+      {"replay { capacity: 100 } rate_limiter { min_size_to_sample: 101 }",
+       "rate_limiter.min_size_to_sample"},
       {"guard { max_abs_q: -1 }", "guard.max_abs_q"},
       {"returns { n_step: 0 }", "returns.n_step"},
       {"returns { gamma: 1.1 }", "returns.gamma"},
       {"server { publish_every: 0 }", "server.publish_every"},
+      {"loss { label_smoothing: 1 }", "loss.label_smoothing"},
+      {"loss { label_smoothing: -0.01 }", "loss.label_smoothing"},
+      {"loss { label_smoothing: nan }", "loss.label_smoothing"},
+      {"loss { mse_blend { start: 1.5 } }", "loss.mse_blend.start"},
+      {"loss { mse_blend { end: -0.5 } }", "loss.mse_blend.end"},
+      {"loss { mse_blend { end: nan } }", "loss.mse_blend.end"},
+      {"loss { mse_blend { steps: -1 } }", "loss.mse_blend.steps"},
   };
   for (const auto& [text, field] : cases) {
     auto c = ParseConfig(text);
@@ -66,6 +74,23 @@ TEST(ConfigTest, ValidationErrorsNameTheField) {
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(c.status().message().rfind(field + ":", 0), 0u) << text << " -> " << c.status();
   }
+}
+
+TEST(ConfigTest, LossOptionsParseAndDefaultToPlainCrossEntropy) {
+  const v1::TrainerConfig d = DefaultConfig();
+  EXPECT_FALSE(d.has_loss()) << "left out of manifests that older daemons must read";
+  EXPECT_EQ(d.loss().label_smoothing(), 0.0f);
+  EXPECT_EQ(d.loss().mse_blend().start(), 0.0f);
+  EXPECT_EQ(d.loss().mse_blend().end(), 0.0f);
+  EXPECT_EQ(d.loss().mse_blend().steps(), 0);
+  auto c = ParseConfig("loss { label_smoothing: 0.1 mse_blend { start: 1 end: 0 steps: 10 } }");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->loss().label_smoothing(), 0.1f);
+  EXPECT_EQ(c->loss().mse_blend().start(), 1.0f);
+  EXPECT_EQ(c->loss().mse_blend().end(), 0.0f);
+  EXPECT_EQ(c->loss().mse_blend().steps(), 10);
+  // The closed ends of the ranges are valid.
+  EXPECT_TRUE(ParseConfig("loss { label_smoothing: 0.999 mse_blend { start: 0 end: 1 steps: 0 } }").ok());
 }
 
 TEST(ConfigTest, LoadConfigFile) {
