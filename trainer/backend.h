@@ -20,8 +20,15 @@
 //      clamped to [0, atoms-1]; l = floor(bj), u = ceil(bj); l == u: m[l] += p_j,
 //      else m[l] += p_j (u - bj), m[u] += p_j (bj - l).
 //      target_clip_fraction = total clip mass / (B * branches).
-//   7. CE_b = (1/branches) sum_br -sum_z m[z] log_softmax(l(s)[a_br])[z]
-//      (log-probs in fp32 or better); loss = (1/B) sum_b w_b CE_b.
+//      Label smoothing eps (loss.label_smoothing; 0: m' = m, untouched):
+//      m' = (1 - eps) m + eps sum(m) / atoms.
+//   7. CE_b = (1/branches) sum_br -sum_z m'[z] log_softmax(l(s)[a_br])[z]
+//      (log-probs in fp32 or better). MSE blend: alpha = step::MseBlendAlpha(
+//      loss.mse_blend, t); when alpha > 0, with p = softmax(l(s)[a_br]),
+//      Q = sum_z p_z atom(z), y = sum_z m[z] atom(z) (m unsmoothed),
+//      MSE_b = (1/branches) sum_br 1/2 (Q - y)^2 / (v_max - v_min)^2 and
+//      L_b = (1 - alpha) CE_b + alpha MSE_b; else L_b = CE_b.
+//      loss = (1/B) sum_b w_b L_b.
 //   8. Gradient of loss w.r.t. all online parameters (targets are constants).
 //   9. Guard, first match wins: loss non-finite -> kNonFiniteLoss; grad norm
 //      non-finite -> kNonFiniteGrad; max_grad_norm > 0 and norm > max_grad_norm
@@ -33,7 +40,8 @@
 //      v = b2 v + (1-b2) g^2; theta -= lr * (m / (1-b1^k)) / (sqrt(v / (1-b2^k)) + eps).
 //      Target: period K > 0: copy online -> target when (t+1) % K == 0;
 //      else target += tau * (online - target). Runs every step, tripped or not.
-//  11. Priorities: p_idx = (CE_b + priority_epsilon)^alpha; for duplicate
+//  11. Priorities: p_idx = (CE_b + priority_epsilon)^replay.alpha (the CE, not L_b:
+//      the blend's alpha changes the gradient, not the replay); for duplicate
 //      indices the largest b wins; max_priority = max(max_priority, p).
 //   Stats: loss, grad norm (before clip), Q min/mean/max over Q_online(s) of all
 //   B x total_actions, target_clip_fraction, guard reason.

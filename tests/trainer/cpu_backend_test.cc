@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "common/step_constants.h"
 #include "gtest/gtest.h"
 #include "trainer/config.h"
 #include "trainer/cpu/c51_loss.h"
@@ -150,8 +151,9 @@ TEST(CpuBackendTest, SameSeedAndDataGiveBitwiseEqualWeights) {
 
 // Steps 1-11 composed from the CPU pieces in double precision, with the
 // backend's float step checked against them: sampling (seed, step, beta
-// annealing), IS weights, clip, Adam bias correction, target update, priority
-// write-back feeding the next step's sampling.
+// annealing), IS weights, loss options (label smoothing, the MSE blend's
+// alpha schedule computed here in double), clip, Adam bias correction, target
+// update, priority write-back of the CE feeding the next step's sampling.
 void CheckAgainstReference(const v1::TrainerConfig& config, int steps) {
   auto backend = Make(config);
   const NetworkSpec spec = backend->spec();
@@ -186,8 +188,12 @@ void CheckAgainstReference(const v1::TrainerConfig& config, int steps) {
       batch.discounts[b] = replay.discount(slots[b]);
       batch.weights[b] = weights[b];
     }
+    const auto& blend = config.loss().mse_blend();
+    const double alpha =
+        blend.start() + (double{blend.end()} - blend.start()) *
+                            (blend.steps() == 0 ? 1.0 : std::min(1.0, double{1.0} * t / blend.steps()));
     cpu::LossResult<double> r;
-    loss.Compute(online.data(), target.data(), batch, &r);
+    loss.Compute(online.data(), target.data(), batch, &r, {config.loss().label_smoothing(), alpha});
     double norm = 0;
     for (double g : r.grads) norm += g * g;
     norm = std::sqrt(norm);
@@ -204,8 +210,8 @@ void CheckAgainstReference(const v1::TrainerConfig& config, int steps) {
     } else {
       for (int64_t i = 0; i < spec.num_params; ++i) target[i] += oc.target_tau() * (online[i] - target[i]);
     }
-    std::vector<float> item_loss(r.item_loss.begin(), r.item_loss.end());
-    replay.UpdatePriorities(B, slots.data(), item_loss.data(), rc.priority_epsilon(), rc.alpha());
+    std::vector<float> item_ce(r.item_ce.begin(), r.item_ce.end());
+    replay.UpdatePriorities(B, slots.data(), item_ce.data(), rc.priority_epsilon(), rc.alpha());
 
     ASSERT_TRUE(backend->Step().ok());
     const StepStats s = backend->last_stats();
@@ -233,6 +239,53 @@ TEST(CpuBackendTest, StepMatchesDoublePrecisionReferenceWithPeriodicTarget) {
   config.mutable_optimizer()->set_lr(0.01f);
   config.mutable_replay()->set_beta_anneal_steps(0);
   CheckAgainstReference(config, 6);
+}
+
+TEST(CpuBackendTest, StepMatchesDoublePrecisionReferenceWithLossOptions) {
+  auto config = TestConfig();
+  config.mutable_loss()->set_label_smoothing(0.1f);
+  config.mutable_loss()->mutable_mse_blend()->set_start(1.0f);
+  config.mutable_loss()->mutable_mse_blend()->set_end(0.0f);
+  config.mutable_loss()->mutable_mse_blend()->set_steps(4);
+  CheckAgainstReference(config, 7);
+}
+
+// Step t of a schedule is the step of a backend whose alpha is the constant
+// alpha(t): the state before step t, loaded into a backend configured with
+// mse_blend {start: a end: a} (a = alpha(t)), takes the same step bit for bit,
+// and one configured with a neighbouring alpha does not.
+TEST(CpuBackendTest, MseBlendFollowsTheScheduleStepByStep) {
+  auto config = TestConfig();
+  config.mutable_loss()->set_label_smoothing(0.05f);
+  auto* blend = config.mutable_loss()->mutable_mse_blend();
+  blend->set_start(0.9f);
+  blend->set_end(0.1f);
+  blend->set_steps(6);
+  auto scheduled = Make(config);
+  ASSERT_TRUE(scheduled->Insert(RandomItems(scheduled->spec(), 60, 5)).ok());
+  for (int64_t t = 0; t < 9; ++t) {
+    BackendState before;
+    ASSERT_TRUE(scheduled->SaveState(true, &before).ok());
+    const float alpha = step::MseBlendAlpha(0.9f, 0.1f, 6, t);
+    EXPECT_NEAR(alpha, 0.9 + (0.1 - 0.9) * std::min(1.0, t / 6.0), 1e-6) << "step " << t;
+    auto fixed_config = config;
+    fixed_config.mutable_loss()->mutable_mse_blend()->set_start(alpha);
+    fixed_config.mutable_loss()->mutable_mse_blend()->set_end(alpha);
+    auto fixed = Make(fixed_config);
+    ASSERT_TRUE(fixed->LoadState(before, StateParts::kAll).ok());
+    ASSERT_TRUE(scheduled->Step().ok());
+    ASSERT_TRUE(fixed->Step().ok());
+    EXPECT_EQ(fixed->GetParams(), scheduled->GetParams()) << "step " << t << ", alpha " << alpha;
+    EXPECT_EQ(fixed->last_stats().loss, scheduled->last_stats().loss) << "step " << t;
+    // A neighbouring alpha gives another step: the comparison can fail.
+    auto other_config = fixed_config;
+    other_config.mutable_loss()->mutable_mse_blend()->set_start(alpha + 0.05f);
+    other_config.mutable_loss()->mutable_mse_blend()->set_end(alpha + 0.05f);
+    auto other = Make(other_config);
+    ASSERT_TRUE(other->LoadState(before, StateParts::kAll).ok());
+    ASSERT_TRUE(other->Step().ok());
+    EXPECT_NE(other->last_stats().loss, scheduled->last_stats().loss) << "step " << t;
+  }
 }
 
 // Guard: a poisoned step changes no weight (bitwise) and counts its reason.
@@ -353,6 +406,28 @@ TEST(CpuBackendTest, SaveLoadStateContinuesBitwise) {
   ASSERT_TRUE(b->LoadState(saved, StateParts::kAll).ok());
   EXPECT_EQ(b->steps(), 100);
   EXPECT_EQ(b->replay_size(), a->replay_size());
+  RunSchedule(a.get(), 100, 100);
+  RunSchedule(b.get(), 100, 100);
+  BackendState sa, sb;
+  ASSERT_TRUE(a->SaveState(true, &sa).ok());
+  ASSERT_TRUE(b->SaveState(true, &sb).ok());
+  ExpectSameState(sa, sb);
+}
+
+// The same with the loss options mid-schedule at the save: the restored
+// backend continues the alpha schedule from the restored step count.
+TEST(CpuBackendTest, SaveLoadStateContinuesBitwiseWithLossOptions) {
+  v1::TrainerConfig config = TestConfig();
+  config.mutable_loss()->set_label_smoothing(0.1f);
+  config.mutable_loss()->mutable_mse_blend()->set_start(1.0f);
+  config.mutable_loss()->mutable_mse_blend()->set_steps(150);
+  auto a = Make(config);
+  ASSERT_TRUE(a->Insert(RandomItems(a->spec(), 100, 5)).ok());
+  RunSchedule(a.get(), 0, 100);
+  BackendState saved;
+  ASSERT_TRUE(a->SaveState(/*include_replay=*/true, &saved).ok());
+  auto b = Make(config);
+  ASSERT_TRUE(b->LoadState(saved, StateParts::kAll).ok());
   RunSchedule(a.get(), 100, 100);
   RunSchedule(b.get(), 100, 100);
   BackendState sa, sb;

@@ -50,6 +50,49 @@ T ProjectDistribution(const NetworkSpec& spec, const T* p, T reward, T discount,
   return clipped;
 }
 
+// Label smoothing (config.proto LossConfig) of one projected distribution, in
+// place: m' = (1 - epsilon) m + epsilon sum(m) / atoms. A NaN-poisoned m stays
+// NaN, so the guard still sees a non-finite target.
+template <typename T>
+void SmoothDistribution(T* m, int atoms, T epsilon) {
+  T mass = 0;
+  for (int z = 0; z < atoms; ++z) mass += m[z];
+  const T spread = epsilon * mass / static_cast<T>(atoms);
+  for (int z = 0; z < atoms; ++z) m[z] = (T(1) - epsilon) * m[z] + spread;
+}
+
+// The MSE term of the loss blend for one (item, branch): with p =
+// softmax(logits), Q = sum_z p_z atom(z) and y = sum_z m_z atom(z) (the
+// expected value of the unsmoothed projected target), returns
+// 1/2 (Q - y)^2 / (v_max - v_min)^2. When d_logits is set, ADDS
+// scale * dMSE/dlogits = scale (Q - y) / (v_max - v_min)^2 p_z (atom(z) - Q).
+template <typename T>
+T ExpectedValueMse(const NetworkSpec& spec, const T* logits, const T* m, T scale, T* d_logits) {
+  const int atoms = spec.num_atoms;
+  T max = logits[0];
+  for (int z = 1; z < atoms; ++z) max = logits[z] > max ? logits[z] : max;
+  T sum_exp = 0;
+  T q = 0;  // sum_z exp(l_z - max) atom(z) until divided by sum_exp
+  T y = 0;
+  for (int z = 0; z < atoms; ++z) {
+    const T e = std::exp(logits[z] - max);
+    const T atom = static_cast<T>(spec.atom(z));
+    sum_exp += e;
+    q += e * atom;
+    y += m[z] * atom;
+  }
+  q /= sum_exp;
+  const T width = static_cast<T>(spec.v_max) - static_cast<T>(spec.v_min);
+  const T inv_width_sq = T(1) / (width * width);
+  if (d_logits != nullptr) {
+    const T g = scale * (q - y) * inv_width_sq;
+    for (int z = 0; z < atoms; ++z) {
+      d_logits[z] += g * (std::exp(logits[z] - max) / sum_exp) * (static_cast<T>(spec.atom(z)) - q);
+    }
+  }
+  return T(0.5) * (q - y) * (q - y) * inv_width_sq;
+}
+
 // Step 7 for one (item, branch): returns -sum_z m[z] log_softmax(logits)[z].
 // When d_logits is set, writes scale * dCE/dlogits = scale * (softmax * sum(m) - m).
 template <typename T>
@@ -93,10 +136,20 @@ struct LossBatch {
   }
 };
 
+// The loss options of one step (config.proto LossConfig); the defaults give
+// the plain C51 cross-entropy, computed exactly as without options.
+template <typename T>
+struct LossOptions {
+  T label_smoothing = 0;  // epsilon of SmoothDistribution, in [0, 1)
+  T mse_alpha = 0;        // weight of the MSE term this step: step::MseBlendAlpha
+};
+
 template <typename T>
 struct LossResult {
-  T loss = 0;                     // (1/B) sum_b w_b CE_b
-  std::vector<T> item_loss;       // CE_b (unweighted), B
+  T loss = 0;  // (1/B) sum_b w_b L_b
+  // L_b = (1 - alpha) CE_b + alpha MSE_b (unweighted), B; CE_b when alpha = 0.
+  std::vector<T> item_loss;
+  std::vector<T> item_ce;  // CE_b (unweighted), B: the priority signal
   T target_clip_fraction = 0;
   AlignedVector<T> grads;         // dloss/dparams, num_params
 };
@@ -107,7 +160,8 @@ class C51Loss {
   explicit C51Loss(const NetworkSpec& spec) : spec_(spec) {}
 
   // Steps 3-8: loss and gradient w.r.t. `online` (target held constant).
-  void Compute(const T* online, const T* target, const LossBatch<T>& batch, LossResult<T>* out) {
+  void Compute(const T* online, const T* target, const LossBatch<T>& batch, LossResult<T>* out,
+               const LossOptions<T>& options = {}) {
     const int B = batch.size;
     // 3-4. Online forward on [s | s'] (one GEMM chain over 2B columns), target
     //      forward on s'; each ends in the dueling combine and softmax.
@@ -117,11 +171,14 @@ class C51Loss {
     Forward(spec_, target, &target_);
     // 5. Double DQN: a* = argmax_a Q_online(s').
     SelectNextActions(B);
-    // 6. Project the target distributions p_target(s', a*) onto the support.
+    // 6. Project the target distributions p_target(s', a*) onto the support;
+    //    label smoothing of a copy (the clip fraction and the MSE target use m).
     const T clip_mass = ProjectTargets(batch);
     out->target_clip_fraction = clip_mass / static_cast<T>(B * spec_.num_branches());
-    // 7. CE per item averaged over branches; IS-weighted mean; dloss/dlogits.
-    out->loss = CrossEntropy(batch, &out->item_loss);
+    if (options.label_smoothing > 0) SmoothTargets(options.label_smoothing);
+    // 7. CE (and the MSE term when alpha > 0) per item averaged over branches;
+    //    IS-weighted mean; dloss/dlogits.
+    out->loss = ItemLosses(batch, options, out);
     // 8. Backward through heads and trunk.
     out->grads.resize(spec_.num_params);
     Backward(spec_, online, online_, d_logits_, out->grads.data(), &scratch_);
@@ -167,23 +224,47 @@ class C51Loss {
     return clip_mass;
   }
 
-  T CrossEntropy(const LossBatch<T>& batch, std::vector<T>* item_loss) {
+  void SmoothTargets(T epsilon) {
+    smoothed_ = projected_;
+    for (Eigen::Index c = 0; c < smoothed_.cols(); ++c) {
+      SmoothDistribution(smoothed_.col(c).data(), spec_.num_atoms, epsilon);
+    }
+  }
+
+  // L_b = (1 - alpha) CE_b + alpha MSE_b, each averaged over branches; the
+  // gradient of (1/B) sum_b w_b L_b w.r.t. the logits into d_logits_.
+  T ItemLosses(const LossBatch<T>& batch, const LossOptions<T>& options, LossResult<T>* out) {
     const int B = batch.size;
     const int atoms = spec_.num_atoms;
     const int branches = spec_.num_branches();
-    item_loss->resize(B);
+    const T alpha = options.mse_alpha;
+    const bool blend = alpha > 0;
+    const Matrix<T>& ce_targets = options.label_smoothing > 0 ? smoothed_ : projected_;
+    out->item_loss.resize(B);
+    out->item_ce.resize(B);
     d_logits_.setZero(online_.logits.rows(), B);
     double loss = 0;
     for (int b = 0; b < B; ++b) {
       const T scale = batch.weights[b] / static_cast<T>(B * branches);
+      const T ce_scale = blend ? (T(1) - alpha) * scale : scale;
       T ce = 0;
+      T mse = 0;
       for (int br = 0; br < branches; ++br) {
         const int offset = (spec_.branch_offset(br) + batch.actions[b * branches + br]) * atoms;
-        ce += SoftmaxCrossEntropy(online_.logits.col(b).data() + offset, projected_.col(b * branches + br).data(),
-                                  atoms, scale, d_logits_.col(b).data() + offset);
+        const T* logits = online_.logits.col(b).data() + offset;
+        T* d_logits = d_logits_.col(b).data() + offset;
+        ce +=
+            SoftmaxCrossEntropy(logits, ce_targets.col(b * branches + br).data(), atoms, ce_scale, d_logits);
+        if (blend) {
+          mse += ExpectedValueMse(spec_, logits, projected_.col(b * branches + br).data(), alpha * scale,
+                                  d_logits);
+        }
       }
-      (*item_loss)[b] = ce / static_cast<T>(branches);
-      loss += static_cast<double>(batch.weights[b]) * static_cast<double>((*item_loss)[b]);
+      const T item_ce = ce / static_cast<T>(branches);
+      out->item_ce[b] = item_ce;
+      out->item_loss[b] =
+          blend ? (T(1) - alpha) * item_ce + alpha * (mse / static_cast<T>(branches)) : item_ce;
+      loss += static_cast<double>(batch.weights[b]) * static_cast<double>(out->item_loss[b]);
     }
     return static_cast<T>(loss / B);
   }
@@ -193,6 +274,7 @@ class C51Loss {
   Activations<T> target_;
   std::vector<int32_t> next_actions_;
   Matrix<T> projected_;  // atoms x (B * branches): m of each (item, branch)
+  Matrix<T> smoothed_;   // the same after label smoothing (when on)
   Matrix<T> d_logits_;   // (total_actions * atoms) x B
   BackwardScratch<T> scratch_;
 };

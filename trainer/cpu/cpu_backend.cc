@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/step_constants.h"
 #include "trainer/config.h"
 #include "trainer/cpu/c51_loss.h"
 #include "trainer/cpu/forward.h"
@@ -104,6 +105,7 @@ class CpuBackend : public Backend {
 
  private:
   double Beta(int64_t t) const;
+  cpu::LossOptions<float> LossOptions(int64_t t) const;
   void Gather() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   GuardReason CheckGuard(float loss, float grad_norm) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateTarget(int64_t t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -150,8 +152,9 @@ absl::Status CpuBackend::Step() {
   // 2. Gather s, a, R, discount, s'.
   Gather();
   // 3-8. Forward online(s, s') and target(s'), dueling softmax, double DQN,
-  //      projection, IS-weighted CE, backward (trainer/cpu/c51_loss.h).
-  loss_.Compute(params_.data(), target_.data(), batch_, &result_);
+  //      projection (+ label smoothing), IS-weighted CE (blended with the MSE
+  //      term by this step's alpha), backward (trainer/cpu/c51_loss.h).
+  loss_.Compute(params_.data(), target_.data(), batch_, &result_, LossOptions(t));
   // 9. Guard: non-finite loss or gradient, gradient norm, Q range.
   const float grad_norm = static_cast<float>(cpu::GlobalNorm(result_.grads.data(), spec_.num_params));
   const GuardReason guard = CheckGuard(result_.loss, grad_norm);
@@ -165,13 +168,22 @@ absl::Status CpuBackend::Step() {
   UpdateTarget(t);
   // 11. Write new priorities (CE_b + eps)^alpha back (skipped on a trip).
   if (guard == GuardReason::kNone) {
-    replay_.UpdatePriorities(batch_size_, slots_.data(), result_.item_loss.data(), rep.priority_epsilon(),
+    replay_.UpdatePriorities(batch_size_, slots_.data(), result_.item_ce.data(), rep.priority_epsilon(),
                              rep.alpha());
   }
   steps_ = t + 1;
   RecordStats(t, grad_norm, guard,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return absl::OkStatus();
+}
+
+cpu::LossOptions<float> CpuBackend::LossOptions(int64_t t) const {
+  const auto& loss = config_.loss();
+  const auto& blend = loss.mse_blend();
+  cpu::LossOptions<float> options;
+  options.label_smoothing = loss.label_smoothing();
+  options.mse_alpha = step::MseBlendAlpha(blend.start(), blend.end(), blend.steps(), t);
+  return options;
 }
 
 double CpuBackend::Beta(int64_t t) const {
