@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include "common/step_constants.h"
 #include "kernels/warp_reduce.cuh"
 
 namespace qstream::kernels {
@@ -18,6 +19,9 @@ __device__ __forceinline__ void StoreGrad(void* base, int64_t i, float v, Precis
 }
 
 constexpr int kLossWarps = 4;
+// Per-branch statistics the loss kernel's warps hand to thread 0: CE, clip
+// mass, Q min/max/sum, bad-Q flag, MSE.
+constexpr int kLossStats = 7;
 
 __device__ __forceinline__ float Atom(const HeadShape& h, int z) { return h.v_min + z * h.delta_z; }
 
@@ -73,8 +77,10 @@ __device__ __forceinline__ float SoftmaxQ(const HeadShape& h, float mx, int lane
 }
 
 // kAtomsPerLane = ceil(Z / 32) rounded to a power of two: the atom loops are
-// unrolled over that many register slots per lane, no more.
-template <int kAtomsPerLane>
+// unrolled over that many register slots per lane, no more. kOptions: label
+// smoothing or the MSE blend is configured; without them the options' code
+// is compiled out, so the plain CE costs no registers or branches for them.
+template <int kAtomsPerLane, bool kOptions>
 __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) {
   extern __shared__ float smem[];
   const HeadShape& h = a.head;
@@ -88,13 +94,14 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
   float* sh_dl = smem;                         // NB x Z
   float* sh_pt = sh_dl + NB * Z + warp * 2 * Z;  // Z: target probabilities
   float* sh_bj = sh_pt + Z;                      // Z: projected positions
-  float* sh_stats = smem + NB * Z + kLossWarps * 2 * Z;  // 6 x NB
+  float* sh_stats = smem + NB * Z + kLossWarps * 2 * Z;  // kLossStats x NB
   float* st_ce = sh_stats;
   float* st_clip = st_ce + NB;
   float* st_qmin = st_clip + NB;
   float* st_qmax = st_qmin + NB;
   float* st_qsum = st_qmax + NB;
   float* st_bad = st_qsum + NB;
+  float* st_mse = st_bad + NB;
 
   const float* v_s = a.online_v + int64_t{b} * Z;
   const float* a_s = a.online_a + int64_t{b} * AZ;
@@ -105,6 +112,16 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
   const float reward = a.rewards[b];
   const float discount = a.discounts[b];
   const float coef = a.weights[b] / (static_cast<float>(B) * NB);
+  // Loss options: the same on every thread, so the branches below are uniform.
+  const float eps = a.options.label_smoothing;
+  const float alpha =
+      kOptions ? step::MseBlendAlpha(a.options.mse_blend_start, a.options.mse_blend_end,
+                                     a.options.mse_blend_steps, a.state != nullptr ? a.state->t : 0)
+               : 0.0f;
+  const bool smooth = kOptions && eps > 0.0f;
+  const bool blend = kOptions && alpha > 0.0f;
+  const float coef_ce = blend ? (1.0f - alpha) * coef : coef;
+  const float inv_width_sq = 1.0f / ((h.v_max - h.v_min) * (h.v_max - h.v_min));
 
   float shift[kAtomsPerLane];
   float l[kAtomsPerLane];
@@ -202,6 +219,34 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
 #pragma unroll
     for (int k = 0; k < kAtomsPerLane; ++k) mass += m[k];
     mass = WarpSum(mass);
+    // MSE blend: y = E[m] (unsmoothed), Q = E[softmax(l(s, a_br))].
+    float q = 0.0f, y = 0.0f;
+    if (blend) {
+#pragma unroll
+      for (int k = 0; k < kAtomsPerLane; ++k) {
+        const int z = lane + 32 * k;
+        if (z < Z) {
+          y += m[k] * Atom(h, z);
+          q += expf(l[k] - lse) * Atom(h, z);
+        }
+      }
+      y = WarpSum(y);
+      q = WarpSum(q);
+    }
+    // Label smoothing: m' = (1 - eps) m + eps sum(m) / Z (NaN stays NaN).
+    if (smooth) {
+      const float spread = eps * mass / static_cast<float>(Z);
+      float smoothed = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kAtomsPerLane; ++k) {
+        if (lane + 32 * k < Z) {
+          m[k] = (1.0f - eps) * m[k] + spread;
+          smoothed += m[k];
+        }
+      }
+      mass = WarpSum(smoothed);
+    }
+    const float g_mse = blend ? coef * alpha * (q - y) * inv_width_sq : 0.0f;
     float ce = 0.0f;
     float dl[kAtomsPerLane];
 #pragma unroll
@@ -211,7 +256,8 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
       if (z < Z) {
         const float logp = l[k] - lse;
         ce -= m[k] * logp;
-        dl[k] = coef * (expf(logp) * mass - m[k]);
+        dl[k] = coef_ce * (expf(logp) * mass - m[k]);
+        if (blend) dl[k] += g_mse * expf(logp) * (Atom(h, z) - q);
         sh_dl[br * Z + z] = dl[k];
       }
     }
@@ -231,6 +277,7 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
       st_qmax[br] = qmax;
       st_qsum[br] = qsum;
       st_bad[br] = bad;
+      st_mse[br] = blend ? 0.5f * (q - y) * (q - y) * inv_width_sq : 0.0f;
     }
   }
   __syncthreads();
@@ -240,9 +287,10 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
     StoreGrad(a.dv, int64_t{b} * a.dv_ld + z, s, a.grad_precision);
   }
   if (threadIdx.x == 0) {
-    float ce = 0.0f, clip = 0.0f, qmin = INFINITY, qmax = -INFINITY, qsum = 0.0f, bad = 0.0f;
+    float ce = 0.0f, mse = 0.0f, clip = 0.0f, qmin = INFINITY, qmax = -INFINITY, qsum = 0.0f, bad = 0.0f;
     for (int br = 0; br < NB; ++br) {
       ce += st_ce[br];
+      mse += st_mse[br];
       clip += st_clip[br];
       qmin = fminf(qmin, st_qmin[br]);
       qmax = fmaxf(qmax, st_qmax[br]);
@@ -250,6 +298,7 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
       bad = fmaxf(bad, st_bad[br]);
     }
     a.ce[b] = ce / NB;
+    a.item_loss[b] = blend ? (1.0f - alpha) * (ce / NB) + alpha * (mse / NB) : ce / NB;
     a.clip_mass[b] = clip;
     a.q_min[b] = qmin;
     a.q_max[b] = qmax;
@@ -286,7 +335,7 @@ __global__ void __launch_bounds__(kLossWarps * 32)
 
 size_t C51LossSharedBytes(const HeadShape& h) {
   return sizeof(float) * (static_cast<size_t>(h.num_branches) * h.num_atoms + kLossWarps * 2 * h.num_atoms +
-                          6 * static_cast<size_t>(h.num_branches));
+                          kLossStats * static_cast<size_t>(h.num_branches));
 }
 
 // Register slots per lane for `atoms` atoms (1, 2, 4 or 8).
@@ -296,19 +345,30 @@ int AtomsPerLane(int atoms) {
   return k;
 }
 
+namespace {
+
+template <bool kOptions>
+cudaError_t LaunchLossKernel(const C51LossArgs& a, size_t smem, cudaStream_t stream) {
+  switch (AtomsPerLane(a.head.num_atoms)) {
+    case 1: C51LossKernel<1, kOptions><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
+    case 2: C51LossKernel<2, kOptions><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
+    case 4: C51LossKernel<4, kOptions><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
+    case 8: C51LossKernel<8, kOptions><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
 cudaError_t LaunchC51Loss(const C51LossArgs& args, cudaStream_t stream) {
   C51LossArgs a = args;
   if (a.dv_ld == 0) a.dv_ld = a.head.num_atoms;
   if (a.da_ld == 0) a.da_ld = a.head.total_actions * a.head.num_atoms;
   const size_t smem = C51LossSharedBytes(a.head);
-  switch (AtomsPerLane(a.head.num_atoms)) {
-    case 1: C51LossKernel<1><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
-    case 2: C51LossKernel<2><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
-    case 4: C51LossKernel<4><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
-    case 8: C51LossKernel<8><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
-    default: return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  const LossOptions& o = a.options;
+  const bool options = o.label_smoothing > 0.0f || o.mse_blend_start > 0.0f || o.mse_blend_end > 0.0f;
+  return options ? LaunchLossKernel<true>(a, smem, stream) : LaunchLossKernel<false>(a, smem, stream);
 }
 
 cudaError_t LaunchQValues(const HeadShape& head, const float* v, const float* a, int rows, float* q,

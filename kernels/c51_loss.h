@@ -4,6 +4,8 @@
 // categorical projection, cross-entropy against log_softmax(l(s, a)),
 // the gradient of the batch loss w.r.t. the online V and A outputs, and the
 // Q statistics of the online s rows. Log-probs stay in fp32 registers.
+// Options (config.proto LossConfig): label smoothing of the projected target
+// and a blend with an expected-value MSE whose weight follows the step count.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -19,6 +21,19 @@ namespace qstream::kernels {
 // Most atoms the fused kernels hold in registers (8 per lane).
 inline constexpr int kMaxAtoms = 256;
 
+// config.proto LossConfig. The defaults give the plain CE, computed by the
+// same instructions as without options.
+struct LossOptions {
+  // eps: the CE is taken against m' = (1 - eps) m + eps sum(m) / Z.
+  float label_smoothing = 0;
+  // alpha = step::MseBlendAlpha(start, end, steps, t) weighs the blend
+  // L = (1 - alpha) CE + alpha MSE, MSE = 1/2 (Q - y)^2 / (v_max - v_min)^2,
+  // Q = sum_z softmax(l(s, a))_z atom(z), y = sum_z m_z atom(z) (m unsmoothed).
+  float mse_blend_start = 0;
+  float mse_blend_end = 0;
+  int64_t mse_blend_steps = 0;
+};
+
 struct C51LossArgs {
   HeadShape head;
   int batch = 0;
@@ -30,6 +45,10 @@ struct C51LossArgs {
   const float* rewards = nullptr;   // B
   const float* discounts = nullptr; // B
   const float* weights = nullptr;   // B, IS weights
+  LossOptions options;
+  // Reads t (steps before the running one) for the blend's alpha; the
+  // finalize kernel advances it after this kernel. Null: t = 0.
+  const DeviceState* state = nullptr;
   // d loss / d V(s) (B x Z) and d loss / d A(s) (B x total_actions * Z),
   // written as grad_precision (fp32, TF32-rounded fp32 or bf16) with row
   // strides dv_ld >= Z and da_ld >= total_actions * Z (0: dense; padding untouched).
@@ -38,7 +57,8 @@ struct C51LossArgs {
   int dv_ld = 0;
   int da_ld = 0;
   Precision grad_precision = Precision::kFp32;
-  float* ce = nullptr;        // B: CE_b averaged over branches, written
+  float* ce = nullptr;         // B: CE_b averaged over branches, written (the priority signal)
+  float* item_loss = nullptr;  // B: L_b = (1 - alpha) CE_b + alpha MSE_b (CE_b when alpha = 0), written
   float* clip_mass = nullptr; // B: target mass outside the support, summed over branches
   float* q_min = nullptr;     // B: over the total_actions Q_online(s)
   float* q_max = nullptr;     // B
@@ -55,7 +75,11 @@ size_t C51LossSharedBytes(const HeadShape& head);
 // the block sums the branches in order into dv[b][*] and thread 0 alone
 // writes ce/clip/q stats of sample b. Projection as a gather: target atom i
 // sums p_j * weight(i, j) over source atoms j in order, so no scatter races.
-// Gradient: d loss / d l(s, a_br)[z] = w_b / (B * branches) * (p_z sum(m) - m_z).
+// Gradient: d loss / d l(s, a_br)[z] = w_b / (B * branches) * (p_z sum(m) - m_z)
+// (m' for m with label smoothing); with alpha > 0 that term times (1 - alpha)
+// plus w_b / (B * branches) * alpha (Q - y) / (v_max - v_min)^2 p_z (atom(z) - Q).
+// Every thread computes alpha from state->t; alpha == 0 (and eps == 0) skips
+// the extra work, uniformly per block.
 cudaError_t LaunchC51Loss(const C51LossArgs& args, cudaStream_t stream);
 
 // Q-values of the online network: q[r][a] = sum_z softmax(l[a])[z] * atom(z)

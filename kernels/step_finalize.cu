@@ -15,16 +15,17 @@ __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs 
   float norm_sq = 0.0f;
   for (int i = threadIdx.x; i < kNormBlocks; i += blockDim.x) norm_sq += a.norm_partials[i];
   norm_sq = BlockSum(norm_sq, scratch);
-  float wce = 0.0f, clip = 0.0f, qsum = 0.0f, qmin = INFINITY, qmax = -INFINITY, bad = 0.0f;
+  const float* item_loss = a.item_loss != nullptr ? a.item_loss : a.ce;
+  float wloss = 0.0f, clip = 0.0f, qsum = 0.0f, qmin = INFINITY, qmax = -INFINITY, bad = 0.0f;
   for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
-    wce += a.weights[b] * a.ce[b];
+    wloss += a.weights[b] * item_loss[b];
     clip += a.clip_mass[b];
     qsum += a.q_sum[b];
     qmin = fminf(qmin, a.q_min[b]);
     qmax = fmaxf(qmax, a.q_max[b]);
     if (a.q_bad[b] != 0) bad = 1.0f;
   }
-  wce = BlockSum(wce, scratch);
+  wloss = BlockSum(wloss, scratch);
   clip = BlockSum(clip, scratch);
   qsum = BlockSum(qsum, scratch);
   qmin = BlockMin(qmin, scratch);
@@ -33,7 +34,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs 
 
   DeviceState* s = a.state;
   if (threadIdx.x == 0) {
-    const float loss = wce / a.batch;
+    const float loss = wloss / a.batch;
     const float norm = sqrtf(norm_sq);
     int32_t reason = step::kGuardNone;
     if (!isfinite(loss)) {

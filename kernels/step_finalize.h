@@ -21,7 +21,9 @@ namespace qstream::kernels {
 
 struct FinalizeArgs {
   const float* norm_partials = nullptr;  // kNormBlocks
-  const float* ce = nullptr;             // B, from the loss kernel
+  const float* ce = nullptr;             // B, CE_b from the loss kernel: the priorities
+  // B, L_b from the loss kernel: the batch loss; null: the loss uses ce.
+  const float* item_loss = nullptr;
   const float* weights = nullptr;        // B
   const float* clip_mass = nullptr;      // B
   const float* q_min = nullptr;          // B
@@ -46,7 +48,7 @@ struct FinalizeArgs {
 
 // Stage 2 + guard + priority write-back, one block (they share the guard
 // decision, so one launch): norm = sqrt(sum partials), loss = (1/B) sum w_b
-// CE_b, Q min/mean/max, clip fraction (fixed-order block trees). Guard, first
+// L_b, Q min/mean/max, clip fraction (fixed-order block trees). Guard, first
 // match wins: non-finite loss, non-finite norm, norm > max_grad_norm, Q
 // non-finite or |Q| > q_bound. Thread 0 alone writes state: apply flag, clip
 // scale min(1, clip / (norm + 1e-6)), Adam's k and bias corrections, stats,

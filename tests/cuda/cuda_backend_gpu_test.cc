@@ -124,14 +124,14 @@ double StepTolerance(Precision p) {
   }
 }
 
-class StepVsCpuTest : public ::testing::TestWithParam<std::tuple<Precision, bool>> {};
-
-TEST_P(StepVsCpuTest, TwentyStepsMatchCpuBackend) {
-  QS_SKIP_WITHOUT_GPU();
-  const Precision precision = std::get<0>(GetParam());
-  const bool cublas = std::get<1>(GetParam());
+// Twenty steps of `c` on the CUDA backend (the path `cublas` selects) and
+// on the CPU backend from the same data: stats and parameters after every
+// step, the guard counters and the trained Q-values. The backends come back
+// in *gpu_out and *cpu_out for more checks.
+void ExpectTwentyStepsMatchCpu(const v1::TrainerConfig& c, bool cublas, std::unique_ptr<Backend>* gpu_out,
+                               std::unique_ptr<Backend>* cpu_out) {
+  const Precision precision = MatmulPrecision(c);
   const double tol = StepTolerance(precision);
-  const v1::TrainerConfig c = TestConfig(precision);
   const ScopedPath path(cublas);
   auto gpu = MustCreate(c, true);
   ASSERT_TRUE(gpu);
@@ -165,6 +165,39 @@ TEST_P(StepVsCpuTest, TwentyStepsMatchCpuBackend) {
   ComputeQValues(gpu->spec(), p_gpu.data(), probe.obs.data(), probe.n, q_gpu.data());
   ComputeQValues(cpu->spec(), p_cpu.data(), probe.obs.data(), probe.n, q_cpu.data());
   EXPECT_LE(RelError(q_gpu, q_cpu), tol);
+  *gpu_out = std::move(gpu);
+  *cpu_out = std::move(cpu);
+}
+
+class StepVsCpuTest : public ::testing::TestWithParam<std::tuple<Precision, bool>> {};
+
+TEST_P(StepVsCpuTest, TwentyStepsMatchCpuBackend) {
+  QS_SKIP_WITHOUT_GPU();
+  std::unique_ptr<Backend> gpu, cpu;
+  ExpectTwentyStepsMatchCpu(TestConfig(std::get<0>(GetParam())), std::get<1>(GetParam()), &gpu, &cpu);
+}
+
+// Label smoothing and the MSE blend with alpha going from 1 to 0 over the
+// first 10 of the 20 steps (the device computes alpha from its own step
+// counter inside the graph): loss, parameters after every step and the
+// priorities written back match the CPU oracle.
+TEST_P(StepVsCpuTest, TwentyStepsWithLossOptionsMatchCpuBackend) {
+  QS_SKIP_WITHOUT_GPU();
+  v1::TrainerConfig c = TestConfig(std::get<0>(GetParam()));
+  c.mutable_loss()->set_label_smoothing(0.1f);
+  c.mutable_loss()->mutable_mse_blend()->set_start(1.0f);
+  c.mutable_loss()->mutable_mse_blend()->set_end(0.0f);
+  c.mutable_loss()->mutable_mse_blend()->set_steps(10);
+  std::unique_ptr<Backend> gpu, cpu;
+  ExpectTwentyStepsMatchCpu(c, std::get<1>(GetParam()), &gpu, &cpu);
+  ASSERT_TRUE(gpu && cpu);
+  BackendState gpu_state, cpu_state;
+  ASSERT_TRUE(gpu->SaveState(true, &gpu_state).ok());
+  ASSERT_TRUE(cpu->SaveState(true, &cpu_state).ok());
+  EXPECT_LE(RelError(gpu_state.replay.priorities, cpu_state.replay.priorities),
+            10 * StepTolerance(std::get<0>(GetParam())));
+  EXPECT_NEAR(gpu_state.replay.max_priority, cpu_state.replay.max_priority,
+              10 * StepTolerance(std::get<0>(GetParam())) * cpu_state.replay.max_priority);
 }
 
 INSTANTIATE_TEST_SUITE_P(Precision, StepVsCpuTest,
@@ -226,22 +259,30 @@ TEST(CudaBackend, SaveLoadStateContinuesLikeCpu) {
 TEST(CudaBackend, TwoRunsBitwiseEqual) {
   QS_SKIP_WITHOUT_GPU();
   for (Precision precision : {v1::TrainerConfig::FP32, v1::TrainerConfig::TF32, v1::TrainerConfig::BF16}) {
-    SCOPED_TRACE(v1::TrainerConfig::MatmulPrecision_Name(precision));
-    const v1::TrainerConfig c = TestConfig(precision);
-    std::vector<float> params[2];
-    StepStats stats[2];
-    for (int run = 0; run < 2; ++run) {
-      auto b = MustCreate(c, true);
-      ASSERT_TRUE(b);
-      Fill(b.get(), c);
-      for (int step = 0; step < 20; ++step) ASSERT_TRUE(b->Step().ok());
-      params[run] = b->GetParams();
-      stats[run] = b->last_stats();
+    for (bool loss_options : {false, true}) {
+      SCOPED_TRACE(v1::TrainerConfig::MatmulPrecision_Name(precision) +
+                   (loss_options ? " with loss options" : ""));
+      v1::TrainerConfig c = TestConfig(precision);
+      if (loss_options) {
+        c.mutable_loss()->set_label_smoothing(0.1f);
+        c.mutable_loss()->mutable_mse_blend()->set_start(1.0f);
+        c.mutable_loss()->mutable_mse_blend()->set_steps(10);
+      }
+      std::vector<float> params[2];
+      StepStats stats[2];
+      for (int run = 0; run < 2; ++run) {
+        auto b = MustCreate(c, true);
+        ASSERT_TRUE(b);
+        Fill(b.get(), c);
+        for (int step = 0; step < 20; ++step) ASSERT_TRUE(b->Step().ok());
+        params[run] = b->GetParams();
+        stats[run] = b->last_stats();
+      }
+      ASSERT_EQ(params[0].size(), params[1].size());
+      EXPECT_EQ(std::memcmp(params[0].data(), params[1].data(), params[0].size() * sizeof(float)), 0);
+      EXPECT_EQ(std::bit_cast<uint32_t>(stats[0].loss), std::bit_cast<uint32_t>(stats[1].loss));
+      EXPECT_EQ(stats[0].step, 20);
     }
-    ASSERT_EQ(params[0].size(), params[1].size());
-    EXPECT_EQ(std::memcmp(params[0].data(), params[1].data(), params[0].size() * sizeof(float)), 0);
-    EXPECT_EQ(std::bit_cast<uint32_t>(stats[0].loss), std::bit_cast<uint32_t>(stats[1].loss));
-    EXPECT_EQ(stats[0].step, 20);
   }
 }
 

@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/rng.h"
@@ -89,38 +91,56 @@ double Expectation(const NetworkSpec& s, const std::vector<double>& p) {
   return q;
 }
 
-class C51LossTest : public ::testing::TestWithParam<std::vector<int>> {};
+// Random inputs of the loss kernel: rewards beyond the support (clipped
+// mass), terminal items, a target landing on atoms (the l == u case).
+struct LossInputs {
+  NetworkSpec spec;
+  int B = 37;
+  std::vector<float> ov, oa, tv, ta, rewards, discounts, weights;
+  std::vector<int32_t> actions;
 
-TEST_P(C51LossTest, MatchesCpuReference) {
-  QS_SKIP_WITHOUT_GPU();
-  const NetworkSpec spec = MakeSpec(GetParam());
-  const kernels::HeadShape head = MakeHead(spec);
-  const int B = 37, Z = spec.num_atoms, NB = spec.num_branches(), AZ = spec.total_actions() * Z;
-  std::mt19937_64 rng(1234 + NB);
-  const auto ov = RandomUniform(rng, size_t(2 * B) * Z, -2, 2);
-  const auto oa = RandomUniform(rng, size_t(2 * B) * AZ, -2, 2);
-  const auto tv = RandomUniform(rng, size_t(B) * Z, -2, 2);
-  const auto ta = RandomUniform(rng, size_t(B) * AZ, -2, 2);
-  std::vector<int32_t> actions(size_t(B) * NB);
-  for (int b = 0; b < B; ++b) {
-    for (int br = 0; br < NB; ++br) actions[b * NB + br] = int(rng() % spec.branch_actions[br]);
+  LossInputs(const std::vector<int>& branches, uint64_t seed) : spec(MakeSpec(branches)) {
+    const int Z = spec.num_atoms, NB = spec.num_branches(), AZ = spec.total_actions() * Z;
+    std::mt19937_64 rng(seed);
+    ov = RandomUniform(rng, size_t(2 * B) * Z, -2, 2);
+    oa = RandomUniform(rng, size_t(2 * B) * AZ, -2, 2);
+    tv = RandomUniform(rng, size_t(B) * Z, -2, 2);
+    ta = RandomUniform(rng, size_t(B) * AZ, -2, 2);
+    actions.resize(size_t(B) * NB);
+    for (int b = 0; b < B; ++b) {
+      for (int br = 0; br < NB; ++br) actions[b * NB + br] = int(rng() % spec.branch_actions[br]);
+    }
+    rewards = RandomUniform(rng, B, -14, 14);
+    discounts = RandomUniform(rng, B, 0.5f, 0.99f);
+    for (int b = 0; b < B; b += 5) discounts[b] = 0.0f;
+    rewards[1] = 3.0f;  // integer positions on the support: the l == u case
+    discounts[1] = 0.0f;
+    weights = RandomUniform(rng, B, 0.1f, 1.0f);
   }
-  // Rewards reach beyond the support (clipped mass) and some items are terminal.
-  auto rewards = RandomUniform(rng, B, -14, 14);
-  auto discounts = RandomUniform(rng, B, 0.5f, 0.99f);
-  for (int b = 0; b < B; b += 5) discounts[b] = 0.0f;
-  rewards[1] = 3.0f;  // integer positions on the support: the l == u case
-  discounts[1] = 0.0f;
-  const auto weights = RandomUniform(rng, B, 0.1f, 1.0f);
+};
 
-  DeviceArray<float> d_ov(ov), d_oa(oa), d_tv(tv), d_ta(ta), d_r(rewards), d_d(discounts), d_w(weights);
-  DeviceArray<int32_t> d_act(actions);
-  DeviceArray<float> dv(size_t(B) * Z), da(size_t(B) * AZ), ce(B), clip(B), qmin(B), qmax(B), qsum(B);
+template <typename T>
+struct LossOutputs {
+  std::vector<T> dv, da, ce, item_loss, clip, qmin, qmax, qsum;
+  std::vector<int32_t> qbad;
+};
+
+// The loss kernel on `in` with every output poisoned first; state->t = t.
+LossOutputs<float> RunLossKernel(const LossInputs& in, const kernels::LossOptions& options, int64_t t) {
+  const int B = in.B, Z = in.spec.num_atoms, AZ = in.spec.total_actions() * Z;
+  DeviceArray<float> d_ov(in.ov), d_oa(in.oa), d_tv(in.tv), d_ta(in.ta), d_r(in.rewards), d_d(in.discounts),
+      d_w(in.weights);
+  DeviceArray<int32_t> d_act(in.actions);
+  DeviceArray<float> dv(size_t(B) * Z), da(size_t(B) * AZ), ce(B), item_loss(B), clip(B), qmin(B), qmax(B),
+      qsum(B);
   DeviceArray<int32_t> qbad(B);
-  for (auto* a : {&dv, &da, &ce, &clip, &qmin, &qmax, &qsum}) a->Poison();
+  for (auto* a : {&dv, &da, &ce, &item_loss, &clip, &qmin, &qmax, &qsum}) a->Poison();
   qbad.Poison();
+  kernels::DeviceState state;
+  state.t = t;
+  DeviceArray<kernels::DeviceState> d_state(std::vector<kernels::DeviceState>{state});
   kernels::C51LossArgs args;
-  args.head = head;
+  args.head = MakeHead(in.spec);
   args.batch = B;
   args.online_v = d_ov.get();
   args.online_a = d_oa.get();
@@ -130,65 +150,167 @@ TEST_P(C51LossTest, MatchesCpuReference) {
   args.rewards = d_r.get();
   args.discounts = d_d.get();
   args.weights = d_w.get();
+  args.options = options;
+  args.state = d_state.get();
   args.dv = dv.get();
   args.da = da.get();
   args.ce = ce.get();
+  args.item_loss = item_loss.get();
   args.clip_mass = clip.get();
   args.q_min = qmin.get();
   args.q_max = qmax.get();
   args.q_sum = qsum.get();
   args.q_bad = qbad.get();
-  QS_ASSERT_CUDA(kernels::LaunchC51Loss(args, nullptr));
+  EXPECT_EQ(kernels::LaunchC51Loss(args, nullptr), cudaSuccess);
+  EXPECT_EQ(d_state.Download()[0].t, t) << "the loss kernel only reads the step counter";
+  return {dv.Download(),   da.Download(),   ce.Download(),   item_loss.Download(), clip.Download(),
+          qmin.Download(), qmax.Download(), qsum.Download(), qbad.Download()};
+}
 
-  std::vector<double> ref_dv(size_t(B) * Z, 0), ref_da(size_t(B) * AZ, 0), ref_ce(B), ref_clip(B), ref_qmin(B),
-      ref_qmax(B), ref_qsum(B);
+// The same outputs in double from the CPU oracle's pieces (trainer/cpu/c51_loss.h):
+// projection, label smoothing eps, CE weighted (1 - alpha), MSE weighted alpha.
+LossOutputs<double> ReferenceLoss(const LossInputs& in, double eps, double alpha) {
+  const NetworkSpec& spec = in.spec;
+  const int B = in.B, Z = spec.num_atoms, NB = spec.num_branches(), AZ = spec.total_actions() * Z;
+  const auto& ov = in.ov;
+  const auto& oa = in.oa;
+  LossOutputs<double> r;
+  r.dv.assign(size_t(B) * Z, 0.0);
+  r.da.assign(size_t(B) * AZ, 0.0);
   for (int b = 0; b < B; ++b) {
-    double ce_sum = 0, clip_sum = 0, qlo = 1e30, qhi = -1e30, qs = 0;
+    double ce_sum = 0, mse_sum = 0, clip_sum = 0, qlo = 1e30, qhi = -1e30, qs = 0;
+    const double scale = double(in.weights[b]) / (B * NB);
     for (int br = 0; br < NB; ++br) {
       const int first = spec.branch_offset(br), n = spec.branch_actions[br];
       int best = 0;
       double best_q = -1e30;
       for (int a = 0; a < n; ++a) {
-        const double q = Expectation(spec, Softmax(Logits(spec, &ov[(B + b) * Z], &oa[size_t(B + b) * AZ], br, a)));
+        const double q =
+            Expectation(spec, Softmax(Logits(spec, &ov[(B + b) * Z], &oa[size_t(B + b) * AZ], br, a)));
         if (q > best_q) best_q = q, best = a;
       }
-      const auto pt = Softmax(Logits(spec, &tv[b * Z], &ta[size_t(b) * AZ], br, best));
+      const auto pt = Softmax(Logits(spec, &in.tv[b * Z], &in.ta[size_t(b) * AZ], br, best));
       std::vector<double> m(Z, 0.0);
-      clip_sum += cpu::ProjectDistribution<double>(spec, pt.data(), rewards[b], discounts[b], m.data());
+      clip_sum += cpu::ProjectDistribution<double>(spec, pt.data(), in.rewards[b], in.discounts[b], m.data());
       for (int a = 0; a < n; ++a) {
         const double q = Expectation(spec, Softmax(Logits(spec, &ov[b * Z], &oa[size_t(b) * AZ], br, a)));
         qlo = std::min(qlo, q), qhi = std::max(qhi, q), qs += q;
       }
-      const int taken = actions[b * NB + br];
+      const int taken = in.actions[b * NB + br];
       const auto l = Logits(spec, &ov[b * Z], &oa[size_t(b) * AZ], br, taken);
-      std::vector<double> dl(Z);
-      ce_sum += cpu::SoftmaxCrossEntropy<double>(l.data(), m.data(), Z, double(weights[b]) / (B * NB), dl.data());
+      std::vector<double> smoothed = m, dl(Z);
+      if (eps > 0) cpu::SmoothDistribution<double>(smoothed.data(), Z, eps);
+      ce_sum +=
+          cpu::SoftmaxCrossEntropy<double>(l.data(), smoothed.data(), Z, (1 - alpha) * scale, dl.data());
+      if (alpha > 0)
+        mse_sum += cpu::ExpectedValueMse<double>(spec, l.data(), m.data(), alpha * scale, dl.data());
       for (int z = 0; z < Z; ++z) {
-        ref_dv[b * Z + z] += dl[z];
-        for (int a = 0; a < n; ++a) ref_da[size_t(b) * AZ + (first + a) * Z + z] = (a == taken ? dl[z] : 0.0) - dl[z] / n;
+        r.dv[b * Z + z] += dl[z];
+        for (int a = 0; a < n; ++a)
+          r.da[size_t(b) * AZ + (first + a) * Z + z] = (a == taken ? dl[z] : 0.0) - dl[z] / n;
       }
     }
-    ref_ce[b] = ce_sum / NB;
-    ref_clip[b] = clip_sum;
-    ref_qmin[b] = qlo;
-    ref_qmax[b] = qhi;
-    ref_qsum[b] = qs;
+    r.ce.push_back(ce_sum / NB);
+    r.item_loss.push_back((1 - alpha) * ce_sum / NB + alpha * mse_sum / NB);
+    r.clip.push_back(clip_sum);
+    r.qmin.push_back(qlo);
+    r.qmax.push_back(qhi);
+    r.qsum.push_back(qs);
   }
-  EXPECT_LE(RelError(dv.Download(), ref_dv), kExactTol);
-  EXPECT_LE(RelError(da.Download(), ref_da), kExactTol);
-  EXPECT_LE(RelError(ce.Download(), ref_ce), kExactTol);
-  EXPECT_LE(RelError(clip.Download(), ref_clip), kExactTol);
-  EXPECT_LE(RelError(qmin.Download(), ref_qmin), kExactTol);
-  EXPECT_LE(RelError(qmax.Download(), ref_qmax), kExactTol);
-  EXPECT_LE(RelError(qsum.Download(), ref_qsum), kExactTol);
-  for (int32_t bad : qbad.Download()) EXPECT_EQ(bad, 0);
+  return r;
+}
+
+void ExpectLossNear(const LossOutputs<float>& got, const LossOutputs<double>& want) {
+  EXPECT_LE(RelError(got.dv, want.dv), kExactTol);
+  EXPECT_LE(RelError(got.da, want.da), kExactTol);
+  EXPECT_LE(RelError(got.ce, want.ce), kExactTol);
+  EXPECT_LE(RelError(got.item_loss, want.item_loss), kExactTol);
+  EXPECT_LE(RelError(got.clip, want.clip), kExactTol);
+  EXPECT_LE(RelError(got.qmin, want.qmin), kExactTol);
+  EXPECT_LE(RelError(got.qmax, want.qmax), kExactTol);
+  EXPECT_LE(RelError(got.qsum, want.qsum), kExactTol);
+  for (int32_t bad : got.qbad) EXPECT_EQ(bad, 0);
+}
+
+class C51LossTest : public ::testing::TestWithParam<std::vector<int>> {};
+
+TEST_P(C51LossTest, MatchesCpuReference) {
+  QS_SKIP_WITHOUT_GPU();
+  const LossInputs in(GetParam(), 1234 + GetParam().size());
+  const LossOutputs<float> got = RunLossKernel(in, kernels::LossOptions{}, 0);
+  const LossOutputs<double> want = ReferenceLoss(in, 0.0, 0.0);
+  ExpectLossNear(got, want);
+  EXPECT_EQ(got.item_loss, got.ce) << "without options the item loss is the CE";
   double clipped = 0;
-  for (double c : ref_clip) clipped += c;
+  for (double c : want.clip) clipped += c;
   EXPECT_GT(clipped, 0.0) << "inputs must exercise clipping";
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, C51LossTest,
                          ::testing::Values(std::vector<int>{2}, std::vector<int>{5, 5, 5, 5}, std::vector<int>{3, 1, 7, 2, 4}));
+
+// Label smoothing and the MSE blend at a step t of the schedule: the kernel
+// reads t from the device state and matches the oracle with alpha computed
+// here in double, start + (end - start) min(1, t / steps).
+struct LossOptionsCase {
+  const char* name;
+  float eps;
+  float start, end;
+  int64_t steps;
+  int64_t t;
+};
+
+void PrintTo(const LossOptionsCase& c, std::ostream* os) {
+  *os << c.name << " {eps " << c.eps << ", blend " << c.start << " -> " << c.end << " over " << c.steps
+      << ", t " << c.t << "}";
+}
+
+class C51LossKernelOptionsTest
+    : public ::testing::TestWithParam<std::tuple<std::vector<int>, LossOptionsCase>> {};
+
+TEST_P(C51LossKernelOptionsTest, MatchesCpuReference) {
+  QS_SKIP_WITHOUT_GPU();
+  const auto& [branches, c] = GetParam();
+  const LossInputs in(branches, 99 + branches.size());
+  kernels::LossOptions options;
+  options.label_smoothing = c.eps;
+  options.mse_blend_start = c.start;
+  options.mse_blend_end = c.end;
+  options.mse_blend_steps = c.steps;
+  const double progress = c.steps == 0 ? 1.0 : std::min(1.0, double(c.t) / double(c.steps));
+  const double alpha = c.start + (double(c.end) - c.start) * progress;
+  const LossOutputs<float> got = RunLossKernel(in, options, c.t);
+  ExpectLossNear(got, ReferenceLoss(in, c.eps, alpha));
+  // The options change what they should: the CE (smoothing) and the item loss (blend).
+  const LossOutputs<double> plain = ReferenceLoss(in, 0.0, 0.0);
+  if (c.eps > 0) {
+    EXPECT_GT(RelError(got.ce, plain.ce), 100 * kExactTol);
+  }
+  if (alpha > 0) {
+    EXPECT_GT(RelError(got.item_loss, plain.item_loss), 100 * kExactTol);
+  }
+  if (alpha == 0 && c.eps == 0) {
+    // Options configured but off at this step: bitwise the plain kernel.
+    const LossOutputs<float> off = RunLossKernel(in, kernels::LossOptions{}, c.t);
+    EXPECT_EQ(got.dv, off.dv);
+    EXPECT_EQ(got.da, off.da);
+    EXPECT_EQ(got.item_loss, off.item_loss);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedule, C51LossKernelOptionsTest,
+    ::testing::Combine(::testing::Values(std::vector<int>{2}, std::vector<int>{3, 1, 7, 2, 4}),
+                       ::testing::Values(LossOptionsCase{"smoothing", 0.1f, 0, 0, 0, 5},
+                                         LossOptionsCase{"mse_only", 0, 1, 1, 0, 5},
+                                         LossOptionsCase{"both_at_start", 0.1f, 1, 0, 10, 0},
+                                         LossOptionsCase{"both_mid_schedule", 0.1f, 1, 0, 10, 3},
+                                         LossOptionsCase{"rising", 0.05f, 0.2f, 0.9f, 1000, 777},
+                                         LossOptionsCase{"blend_done", 0, 1, 0, 10, 25})),
+    [](const auto& info) {
+      return std::string(std::get<1>(info.param).name) + "_" +
+             std::to_string(std::get<0>(info.param).size()) + "branches";
+    });
 
 TEST(QValuesKernel, MatchesCpuReference) {
   QS_SKIP_WITHOUT_GPU();
@@ -654,11 +776,16 @@ TEST_P(FinalizeTest, NormStatsAndGuard) {
   const auto w = RandomUniform(rng, B, 0.1f, 1.0f), clip = RandomUniform(rng, B, 0.0f, 0.5f);
   auto qmin = RandomUniform(rng, B, -5, -1), qmax = RandomUniform(rng, B, 1, 5);
   const auto qsum = RandomUniform(rng, B, -9, 9);
-  if (c.poison == 1) ce[17] = std::numeric_limits<float>::quiet_NaN();
+  // The loss kernel's L_b (the MSE blend) differs from its CE_b: the loss
+  // reduces L_b, the priorities take CE_b.
+  auto item_loss = RandomUniform(rng, B, 0.0f, 0.5f);
+  for (int b = 0; b < B; ++b) item_loss[b] += 0.3f * ce[b];
+  if (c.poison == 1) item_loss[17] = ce[17] = std::numeric_limits<float>::quiet_NaN();
   if (c.poison == 2) g[5000] = std::numeric_limits<float>::infinity();
   if (c.poison == 3) g[n - 1] = 5000.0f;
   if (c.poison == 4) qmax[3] = 11.0f;
-  DeviceArray<float> d_g(g), d_ce(ce), d_w(w), d_clip(clip), d_qmin(qmin), d_qmax(qmax), d_qsum(qsum);
+  DeviceArray<float> d_g(g), d_ce(ce), d_item_loss(item_loss), d_w(w), d_clip(clip), d_qmin(qmin),
+      d_qmax(qmax), d_qsum(qsum);
   DeviceArray<int32_t> d_bad(std::vector<int32_t>(B, 0));
   const int64_t capacity = 100;  // fewer slots than samples: duplicate indices
   const auto prio = RandomUniform(rng, capacity, 0.1f, 1.0f);
@@ -676,6 +803,7 @@ TEST_P(FinalizeTest, NormStatsAndGuard) {
   kernels::FinalizeArgs a;
   a.norm_partials = partials.get();
   a.ce = d_ce.get();
+  a.item_loss = d_item_loss.get();
   a.weights = d_w.get();
   a.clip_mass = d_clip.get();
   a.q_min = d_qmin.get();
@@ -701,7 +829,7 @@ TEST_P(FinalizeTest, NormStatsAndGuard) {
   const double norm = cpu::GlobalNorm(g.data(), n);
   double loss = 0, clip_sum = 0, qs = 0, lo = 1e30, hi = -1e30;
   for (int b = 0; b < B; ++b) {
-    loss += double(w[b]) * ce[b];
+    loss += double(w[b]) * item_loss[b];
     clip_sum += clip[b];
     qs += qsum[b];
     lo = std::min<double>(lo, qmin[b]);

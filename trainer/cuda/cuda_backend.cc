@@ -187,7 +187,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer<float> d_value_, d_adv_, d_value_hidden_, d_adv_hidden_;
   std::vector<DeviceBuffer<float>> d_trunk_;
   // Per-sample loss outputs and reductions.
-  DeviceBuffer<float> ce_, clip_mass_, q_min_, q_max_, q_sum_, norm_partials_;
+  DeviceBuffer<float> ce_, item_loss_, clip_mass_, q_min_, q_max_, q_sum_, norm_partials_;
   DeviceBuffer<uint64_t> prefix_;
   DeviceBuffer<char> scan_temp_;
   int fixed_shift_ = 0;
@@ -298,7 +298,8 @@ absl::Status CudaBackend::Init() {
   QS_RETURN_IF_ERROR(indices_.Allocate(B));
   QS_RETURN_IF_ERROR(actions_.Allocate(size_t(B) * NB));
   QS_RETURN_IF_ERROR(q_bad_.Allocate(B));
-  for (auto* buf : {&weights_, &rewards_, &discounts_, &ce_, &clip_mass_, &q_min_, &q_max_, &q_sum_}) {
+  for (auto* buf :
+       {&weights_, &rewards_, &discounts_, &ce_, &item_loss_, &clip_mass_, &q_min_, &q_max_, &q_sum_}) {
     QS_RETURN_IF_ERROR(buf->Allocate(B));
   }
   QS_RETURN_IF_ERROR(x_.Allocate(size_t(3 * B) * spec_.obs_dim));
@@ -450,7 +451,8 @@ absl::Status CudaBackend::EnqueueStep() {
     //    this step's packed operand copy of both networks.
     QS_RETURN_IF_ERROR(fused_->EnqueuePack(s));
     QS_RETURN_IF_ERROR(fused_->EnqueueForward(s));
-    // 4-7. Dueling softmax, double DQN, projection, CE, d logits, Q stats.
+    // 4-7. Dueling softmax, double DQN, projection (+ label smoothing), CE
+    //      (+ MSE blend), d logits, Q stats.
     QS_RETURN_IF_ERROR(EnqueueLoss());
     // 8. Data gradients (one kernel), then weight gradients with the
     //    grad-norm partials (one kernel).
@@ -470,6 +472,7 @@ absl::Status CudaBackend::EnqueueStep() {
   kernels::FinalizeArgs fin;
   fin.norm_partials = norm_partials_.get();
   fin.ce = ce_.get();
+  fin.item_loss = item_loss_.get();
   fin.weights = weights_.get();
   fin.clip_mass = clip_mass_.get();
   fin.q_min = q_min_.get();
@@ -539,7 +542,15 @@ absl::Status CudaBackend::EnqueueLoss() {
   loss.rewards = rewards_.get();
   loss.discounts = discounts_.get();
   loss.weights = weights_.get();
+  // Label smoothing and the MSE blend; alpha follows the device's step counter.
+  const auto& options = config_.loss();
+  loss.options.label_smoothing = options.label_smoothing();
+  loss.options.mse_blend_start = options.mse_blend().start();
+  loss.options.mse_blend_end = options.mse_blend().end();
+  loss.options.mse_blend_steps = options.mse_blend().steps();
+  loss.state = state_.get();
   loss.ce = ce_.get();
+  loss.item_loss = item_loss_.get();
   loss.clip_mass = clip_mass_.get();
   loss.q_min = q_min_.get();
   loss.q_max = q_max_.get();
