@@ -32,6 +32,7 @@ using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 using ::qstream::testing::ReadAll;
 using ::qstream::testing::WriteAll;
@@ -413,6 +414,35 @@ TEST(CheckpointTest, ReadLatestFallsBackToTheNewestGoodOne) {
   EXPECT_FALSE(absl::IsNotFound(read.status()));
   ASSERT_EQ(refused.size(), 2u);
   EXPECT_THAT(refused[1], AllOf(HasSubstr(root + "/ckpt-10: "), HasSubstr("network.trunk_hidden")));
+}
+
+// A checkpoint whose config has no `loss` block (written before LossConfig
+// existed, or without the options) restores under a running config that
+// sets them: the options are not a network-shape change, only a listed
+// difference. Without them the manifest stays free of `loss`, so a daemon
+// built before LossConfig can still read it.
+TEST(CheckpointTest, LossOptionsMayDifferFromTheCheckpoint) {
+  std::mt19937_64 rng(std::random_device{}());
+  const std::string root = MakeTempDir();
+  CheckpointData data = RandomData(rng, true, 2);
+  FillDefaults(data.manifest.mutable_config());
+  ASSERT_FALSE(data.manifest.config().has_loss());
+  const std::string dir = Write(root, "ckpt-7", data);
+  EXPECT_THAT(ReadAll(dir + "/manifest.pbtxt"), Not(HasSubstr("loss")));
+
+  v1::TrainerConfig running = data.manifest.config();
+  running.mutable_loss()->set_label_smoothing(0.25f);
+  running.mutable_loss()->mutable_mse_blend()->set_start(1.0f);
+  running.mutable_loss()->mutable_mse_blend()->set_steps(1000);
+  std::vector<std::string> refused;
+  absl::StatusOr<CheckpointData> read = ReadLatestCheckpoint(root, running, &refused);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_THAT(refused, IsEmpty());
+  ExpectSameState(read->state, data.state);
+  std::vector<std::string> differences;
+  ASSERT_TRUE(CheckCompatible(read->manifest.config(), running, &differences).ok());
+  EXPECT_THAT(differences, ElementsAre("loss.label_smoothing: 0 -> 0.25", "loss.mse_blend.start: 0 -> 1",
+                                       "loss.mse_blend.steps: 0 -> 1000"));
 }
 
 TEST(CheckpointTest, ReadLatestIsNotFoundWithoutCheckpoints) {
