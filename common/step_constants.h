@@ -41,9 +41,20 @@ inline float QBound(float max_abs_q, float v_min, float v_max) {
 // (and when steps <= 0). Computed in float with one fused multiply-add on
 // host and device alike, so the CPU and CUDA backends use the same alpha
 // bit for bit.
-QS_HOST_DEVICE inline float MseBlendAlpha(float start, float end, int64_t steps, int64_t t) {
+QS_HOST_DEVICE inline float LinearSchedule(float start, float end, int64_t steps, int64_t t) {
   if (steps <= 0 || t >= steps) return end;
   return fmaf(end - start, static_cast<float>(t) / static_cast<float>(steps), start);
+}
+
+QS_HOST_DEVICE inline float MseBlendAlpha(float start, float end, int64_t steps, int64_t t) {
+  return LinearSchedule(start, end, steps, t);
+}
+
+// Adam's learning rate at step t (OptimizerConfig lr, lr_end,
+// lr_decay_steps): lr itself when decay_steps <= 0, else the linear schedule
+// above, in the same float arithmetic on host and device.
+QS_HOST_DEVICE inline float LearningRate(float lr, float lr_end, int64_t decay_steps, int64_t t) {
+  return decay_steps <= 0 ? lr : LinearSchedule(lr, lr_end, decay_steps, t);
 }
 
 }  // namespace qstream::step

@@ -1,5 +1,6 @@
 #include "kernels/optimizer.h"
 
+#include "common/step_constants.h"
 #include "kernels/warp_reduce.cuh"
 
 namespace qstream::kernels {
@@ -26,6 +27,7 @@ __global__ void __launch_bounds__(kThreads) AdamTargetKernel(AdamArgs a) {
   const float bc1 = s->bias_correction1;
   const float bc2 = s->bias_correction2;
   const int64_t t_next = s->t;  // already advanced by the finalize kernel
+  const float lr = step::LearningRate(a.lr, a.lr_end, a.lr_decay_steps, t_next - 1);
   const bool copy = a.target_period > 0 && t_next % a.target_period == 0;
   const bool ema = a.target_period <= 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < a.n; i += int64_t{gridDim.x} * blockDim.x) {
@@ -36,7 +38,7 @@ __global__ void __launch_bounds__(kThreads) AdamTargetKernel(AdamArgs a) {
       const float v = a.beta2 * a.v[i] + (1.0f - a.beta2) * g * g;
       a.m[i] = m;
       a.v[i] = v;
-      theta -= a.lr * (m / bc1) / (sqrtf(v / bc2) + a.epsilon);
+      theta -= lr * (m / bc1) / (sqrtf(v / bc2) + a.epsilon);
       a.params[i] = theta;
     }
     if (copy) {

@@ -29,6 +29,8 @@ struct AdamArgs {
   float* target = nullptr;
   int64_t n = 0;
   float lr = 0;
+  float lr_end = 0;            // with lr_decay_steps > 0: step::LearningRate at state->t - 1
+  int64_t lr_decay_steps = 0;  // 0: lr throughout
   float beta1 = 0;
   float beta2 = 0;
   float epsilon = 0;

@@ -61,6 +61,8 @@ absl::Status ValidateConfig(const v1::TrainerConfig& c) {
   }
   const auto& o = c.optimizer();
   if (!Finite(o.lr()) || o.lr() <= 0) return Bad("optimizer.lr", "must be > 0");
+  if (!Finite(o.lr_end()) || o.lr_end() < 0) return Bad("optimizer.lr_end", "must be >= 0");
+  if (o.lr_decay_steps() < 0) return Bad("optimizer.lr_decay_steps", "must be >= 0");
   if (!(o.beta1() >= 0 && o.beta1() < 1)) return Bad("optimizer.beta1", "must be in [0, 1)");
   if (!(o.beta2() >= 0 && o.beta2() < 1)) return Bad("optimizer.beta2", "must be in [0, 1)");
   if (!Finite(o.epsilon()) || o.epsilon() <= 0) return Bad("optimizer.epsilon", "must be > 0");

@@ -177,6 +177,18 @@ TEST_P(StepVsCpuTest, TwentyStepsMatchCpuBackend) {
   ExpectTwentyStepsMatchCpu(TestConfig(std::get<0>(GetParam())), std::get<1>(GetParam()), &gpu, &cpu);
 }
 
+// optimizer.lr_decay_steps: the Adam kernel computes each step's learning
+// rate from the device's step counter; parameters after every step match the
+// CPU oracle while lr falls tenfold over the first 10 of the 20 steps.
+TEST_P(StepVsCpuTest, TwentyStepsWithLrScheduleMatchCpuBackend) {
+  QS_SKIP_WITHOUT_GPU();
+  v1::TrainerConfig c = TestConfig(std::get<0>(GetParam()));
+  c.mutable_optimizer()->set_lr_end(c.optimizer().lr() / 10);
+  c.mutable_optimizer()->set_lr_decay_steps(10);
+  std::unique_ptr<Backend> gpu, cpu;
+  ExpectTwentyStepsMatchCpu(c, std::get<1>(GetParam()), &gpu, &cpu);
+}
+
 // Label smoothing and the MSE blend with alpha going from 1 to 0 over the
 // first 10 of the 20 steps (the device computes alpha from its own step
 // counter inside the graph): loss, parameters after every step and the

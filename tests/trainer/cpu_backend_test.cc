@@ -198,11 +198,14 @@ void CheckAgainstReference(const v1::TrainerConfig& config, int steps) {
     for (double g : r.grads) norm += g * g;
     norm = std::sqrt(norm);
     const double scale = std::min(1.0, oc.clip_grad_norm() / (norm + 1e-6));
+    const double lr = oc.lr_decay_steps() == 0 ? double{oc.lr()}
+                                               : oc.lr() + (double{oc.lr_end()} - oc.lr()) *
+                                                               std::min(1.0, double{1.0} * t / oc.lr_decay_steps());
     for (int64_t i = 0; i < spec.num_params; ++i) {
       const double g = r.grads[i] * scale;
       m[i] = oc.beta1() * m[i] + (1 - oc.beta1()) * g;
       v[i] = oc.beta2() * v[i] + (1 - oc.beta2()) * g * g;
-      online[i] -= oc.lr() * (m[i] / (1 - std::pow(oc.beta1(), t + 1))) /
+      online[i] -= lr * (m[i] / (1 - std::pow(oc.beta1(), t + 1))) /
                    (std::sqrt(v[i] / (1 - std::pow(oc.beta2(), t + 1))) + oc.epsilon());
     }
     if (oc.target_update_period() > 0) {
@@ -248,6 +251,45 @@ TEST(CpuBackendTest, StepMatchesDoublePrecisionReferenceWithLossOptions) {
   config.mutable_loss()->mutable_mse_blend()->set_end(0.0f);
   config.mutable_loss()->mutable_mse_blend()->set_steps(4);
   CheckAgainstReference(config, 7);
+}
+
+TEST(CpuBackendTest, StepMatchesDoublePrecisionReferenceWithLrSchedule) {
+  auto config = TestConfig();
+  config.mutable_optimizer()->set_lr(0.01f);
+  config.mutable_optimizer()->set_lr_end(0.001f);
+  config.mutable_optimizer()->set_lr_decay_steps(4);
+  CheckAgainstReference(config, 7);
+}
+
+// Step t under optimizer.lr_decay_steps is the step of a backend with the
+// constant lr = LearningRate(t), bit for bit; a neighbouring lr is not.
+TEST(CpuBackendTest, LearningRateFollowsTheScheduleStepByStep) {
+  auto config = TestConfig();
+  config.mutable_optimizer()->set_lr(0.02f);
+  config.mutable_optimizer()->set_lr_end(0.002f);
+  config.mutable_optimizer()->set_lr_decay_steps(5);
+  auto scheduled = Make(config);
+  ASSERT_TRUE(scheduled->Insert(RandomItems(scheduled->spec(), 60, 7)).ok());
+  for (int64_t t = 0; t < 8; ++t) {
+    BackendState before;
+    ASSERT_TRUE(scheduled->SaveState(true, &before).ok());
+    const float lr = step::LearningRate(0.02f, 0.002f, 5, t);
+    EXPECT_NEAR(lr, 0.02 + (0.002 - 0.02) * std::min(1.0, t / 5.0), 1e-8) << "step " << t;
+    auto fixed_config = config;
+    fixed_config.mutable_optimizer()->set_lr(lr);
+    fixed_config.mutable_optimizer()->set_lr_decay_steps(0);
+    auto fixed = Make(fixed_config);
+    ASSERT_TRUE(fixed->LoadState(before, StateParts::kAll).ok());
+    ASSERT_TRUE(scheduled->Step().ok());
+    ASSERT_TRUE(fixed->Step().ok());
+    EXPECT_EQ(fixed->GetParams(), scheduled->GetParams()) << "step " << t << ", lr " << lr;
+    auto other_config = fixed_config;
+    other_config.mutable_optimizer()->set_lr(lr * 1.5f);
+    auto other = Make(other_config);
+    ASSERT_TRUE(other->LoadState(before, StateParts::kAll).ok());
+    ASSERT_TRUE(other->Step().ok());
+    EXPECT_NE(other->GetParams(), scheduled->GetParams()) << "step " << t;
+  }
 }
 
 // Step t of a schedule is the step of a backend whose alpha is the constant

@@ -504,6 +504,8 @@ absl::Status CudaBackend::EnqueueStep() {
   adam.target = target();
   adam.n = spec_.num_params;
   adam.lr = opt.lr();
+  adam.lr_end = opt.lr_end();
+  adam.lr_decay_steps = opt.lr_decay_steps();
   adam.beta1 = opt.beta1();
   adam.beta2 = opt.beta2();
   adam.epsilon = opt.epsilon();
