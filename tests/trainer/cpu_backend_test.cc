@@ -198,9 +198,10 @@ void CheckAgainstReference(const v1::TrainerConfig& config, int steps) {
     for (double g : r.grads) norm += g * g;
     norm = std::sqrt(norm);
     const double scale = std::min(1.0, oc.clip_grad_norm() / (norm + 1e-6));
-    const double lr = oc.lr_decay_steps() == 0 ? double{oc.lr()}
-                                               : oc.lr() + (double{oc.lr_end()} - oc.lr()) *
-                                                               std::min(1.0, double{1.0} * t / oc.lr_decay_steps());
+    const double lr = oc.lr_decay_steps() == 0
+                          ? double{oc.lr()}
+                          : oc.lr() + (double{oc.lr_end()} - oc.lr()) *
+                                          std::min(1.0, double{1.0} * t / oc.lr_decay_steps());
     for (int64_t i = 0; i < spec.num_params; ++i) {
       const double g = r.grads[i] * scale;
       m[i] = oc.beta1() * m[i] + (1 - oc.beta1()) * g;

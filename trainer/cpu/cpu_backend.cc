@@ -161,9 +161,10 @@ absl::Status CpuBackend::Step() {
   // 10. Clip by global norm and Adam (skipped on a trip); target update every step.
   if (guard == GuardReason::kNone) {
     ++applied_updates_;
-    cpu::AdamUpdate({step::LearningRate(opt.lr(), opt.lr_end(), opt.lr_decay_steps(), t), opt.beta1(), opt.beta2(), opt.epsilon()}, applied_updates_,
-                    cpu::ClipScale(grad_norm, opt.clip_grad_norm()), result_.grads.data(), adam_m_.data(),
-                    adam_v_.data(), params_.data(), spec_.num_params);
+    cpu::AdamUpdate({step::LearningRate(opt.lr(), opt.lr_end(), opt.lr_decay_steps(), t), opt.beta1(),
+                     opt.beta2(), opt.epsilon()},
+                    applied_updates_, cpu::ClipScale(grad_norm, opt.clip_grad_norm()), result_.grads.data(),
+                    adam_m_.data(), adam_v_.data(), params_.data(), spec_.num_params);
   }
   UpdateTarget(t);
   // 11. Write new priorities (CE_b + eps)^alpha back (skipped on a trip).
