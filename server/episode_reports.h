@@ -22,9 +22,7 @@ struct EpisodeReports {
   std::vector<EpisodeReport> reports;
 
   bool empty() const { return reports.empty(); }
-  int64_t bytes() const {
-    return static_cast<int64_t>(env.size() + reports.size() * sizeof(EpisodeReport));
-  }
+  int64_t bytes() const { return static_cast<int64_t>(env.size() + reports.size() * sizeof(EpisodeReport)); }
 };
 
 }  // namespace qstream

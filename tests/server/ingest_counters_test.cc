@@ -64,7 +64,8 @@ TEST(IngestCountersTest, EpisodesLandInTheirBucketsUnderTheirEnv) {
 TEST(IngestCountersTest, UnnamedEnvAndTheBoundOnDistinctLabels) {
   IngestCounters counters;
   counters.Episodes(Reports("", {{1, 1, 0}}));
-  for (size_t i = 1; i < kMaxEpisodeEnvLabels; ++i) counters.Episodes(Reports(absl::StrCat("env-", i), {{1, 1, 0}}));
+  for (size_t i = 1; i < kMaxEpisodeEnvLabels; ++i)
+    counters.Episodes(Reports(absl::StrCat("env-", i), {{1, 1, 0}}));
   auto e = counters.episodes();
   EXPECT_EQ(e.size(), kMaxEpisodeEnvLabels);
   EXPECT_EQ(Total(e.at(kUnnamedEnvLabel)), 1);
