@@ -186,18 +186,19 @@ LossOutputs<double> ReferenceLoss(const LossInputs& in, double eps, double alpha
       double best_q = -1e30;
       for (int a = 0; a < n; ++a) {
         const double q =
-            Expectation(spec, Softmax(Logits(spec, &ov[(B + b) * Z], &oa[size_t(B + b) * AZ], br, a)));
+            Expectation(spec, Softmax(Logits(spec, &ov[size_t(B + b) * Z], &oa[size_t(B + b) * AZ], br, a)));
         if (q > best_q) best_q = q, best = a;
       }
-      const auto pt = Softmax(Logits(spec, &in.tv[b * Z], &in.ta[size_t(b) * AZ], br, best));
+      const auto pt = Softmax(Logits(spec, &in.tv[size_t(b) * Z], &in.ta[size_t(b) * AZ], br, best));
       std::vector<double> m(Z, 0.0);
       clip_sum += cpu::ProjectDistribution<double>(spec, pt.data(), in.rewards[b], in.discounts[b], m.data());
       for (int a = 0; a < n; ++a) {
-        const double q = Expectation(spec, Softmax(Logits(spec, &ov[b * Z], &oa[size_t(b) * AZ], br, a)));
+        const double q =
+            Expectation(spec, Softmax(Logits(spec, &ov[size_t(b) * Z], &oa[size_t(b) * AZ], br, a)));
         qlo = std::min(qlo, q), qhi = std::max(qhi, q), qs += q;
       }
       const int taken = in.actions[b * NB + br];
-      const auto l = Logits(spec, &ov[b * Z], &oa[size_t(b) * AZ], br, taken);
+      const auto l = Logits(spec, &ov[size_t(b) * Z], &oa[size_t(b) * AZ], br, taken);
       std::vector<double> smoothed = m, dl(Z);
       if (eps > 0) cpu::SmoothDistribution<double>(smoothed.data(), Z, eps);
       ce_sum +=
@@ -205,9 +206,9 @@ LossOutputs<double> ReferenceLoss(const LossInputs& in, double eps, double alpha
       if (alpha > 0)
         mse_sum += cpu::ExpectedValueMse<double>(spec, l.data(), m.data(), alpha * scale, dl.data());
       for (int z = 0; z < Z; ++z) {
-        r.dv[b * Z + z] += dl[z];
+        r.dv[size_t(b) * Z + z] += dl[z];
         for (int a = 0; a < n; ++a)
-          r.da[size_t(b) * AZ + (first + a) * Z + z] = (a == taken ? dl[z] : 0.0) - dl[z] / n;
+          r.da[size_t(b) * AZ + size_t(first + a) * Z + z] = (a == taken ? dl[z] : 0.0) - dl[z] / n;
       }
     }
     r.ce.push_back(ce_sum / NB);

@@ -155,8 +155,9 @@ TEST(EpisodesE2E, ReportsAreExportedOncePerCommittedBatchByEnv) {
 
   // More envs than labels: 30 more get their own, the last two count as "other".
   std::vector<v1::TransitionBatch> many;
+  many.reserve(kMaxEnvLabels);
   for (int i = 0; i < kMaxEnvLabels; ++i) {
-    many.push_back(Batch(1, static_cast<uint64_t>(i + 1), absl::StrCat("env-", i), {Episode(i, 1)}, &rng));
+    many.push_back(Batch(1, static_cast<uint64_t>(i) + 1, absl::StrCat("env-", i), {Episode(i, 1)}, &rng));
   }
   acks = Exchange(stub.get(), "actor-many", many);
   for (const v1::Ack& ack : acks) EXPECT_FALSE(ack.has_error()) << ack.error().message();

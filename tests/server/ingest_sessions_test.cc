@@ -492,7 +492,7 @@ TEST(IngestSessionsTest, PressuredFromHalfOfMaxQueuedBytes) {
   {
     Rig probe(Config());  // not started: the batch waits in the queue
     auto s = probe.sessions->Attach("p", [] {});
-    probe.sessions->Submit(s, NStep(1, "p", {1}), [](IngestOutcome) {});
+    probe.sessions->Submit(s, NStep(1, "p", {1}), [](const IngestOutcome&) {});
     one_batch = probe.sessions->queued_bytes();
     ASSERT_GT(one_batch, 0);
     probe.learner->Start();
@@ -503,10 +503,10 @@ TEST(IngestSessionsTest, PressuredFromHalfOfMaxQueuedBytes) {
   auto s = rig.sessions->Attach("p", [] {});
   EXPECT_FALSE(rig.sessions->pressured());
   std::atomic<int> done{0};
-  rig.sessions->Submit(s, NStep(1, "p", {1}), [&](IngestOutcome) { done.fetch_add(1); });
+  rig.sessions->Submit(s, NStep(1, "p", {1}), [&](const IngestOutcome&) { done.fetch_add(1); });
   EXPECT_EQ(rig.sessions->queued_bytes(), one_batch);
   EXPECT_FALSE(rig.sessions->pressured());  // a quarter
-  rig.sessions->Submit(s, NStep(2, "p", {2}), [&](IngestOutcome) { done.fetch_add(1); });
+  rig.sessions->Submit(s, NStep(2, "p", {2}), [&](const IngestOutcome&) { done.fetch_add(1); });
   EXPECT_TRUE(rig.sessions->pressured());  // half
   rig.learner->Start();
   while (done.load() < 2) absl::SleepFor(absl::Milliseconds(1));

@@ -327,10 +327,11 @@ TEST(C51LossOptionsTest, ItemLossesMatchDirectComputation) {
     for (int br = 0; br < branches; ++br) {
       const int next = c.spec.branch_offset(br) + loss.next_actions()[b * branches + br];
       std::vector<double> m(atoms, 0.0);
-      ProjectDistribution<double>(c.spec, loss.target_probs().col(b).data() + next * atoms,
+      ProjectDistribution<double>(c.spec,
+                                  loss.target_probs().col(b).data() + static_cast<ptrdiff_t>(next) * atoms,
                                   c.batch.rewards[b], c.batch.discounts[b], m.data());
       const int taken = c.spec.branch_offset(br) + c.batch.actions[b * branches + br];
-      const double* p = loss.online_probs().col(b).data() + taken * atoms;
+      const double* p = loss.online_probs().col(b).data() + static_cast<ptrdiff_t>(taken) * atoms;
       double y = 0, mass = 0;
       for (int z = 0; z < atoms; ++z) {
         y += m[z] * c.spec.atom(z);
