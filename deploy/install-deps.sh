@@ -13,7 +13,8 @@ APT_PACKAGES=(
   libisal-dev nlohmann-json3-dev libssl-dev openssl
   clang libclang-rt-14-dev clang-format-14 clang-tidy-14
   python3 python3-pip python3-venv
-  prometheus-pushgateway
+  prometheus-pushgateway prometheus prometheus-alertmanager yamllint
+  libspdlog-dev libfmt-dev
 )
 
 missing=()
