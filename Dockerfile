@@ -37,10 +37,12 @@ RUN groupadd --system --gid 10001 qstream \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/qstream --no-create-home qstream \
  && install -d -o 10001 -g 10001 -m 0700 /var/lib/qstream
 # The gRPC, protobuf, abseil, prometheus-cpp, OpenSSL ... libraries the
-# binaries link, from the builder (CUDA's own libraries come with this image).
+# binaries link, from the builder (CUDA's own libraries come with this image),
+# found through ld.so.conf: LD_LIBRARY_PATH stays the base image's, where the
+# NVIDIA container runtime may put the driver.
 COPY --from=build /out/lib/ /usr/local/lib/qstream/
 COPY --from=build /out/bin/ /usr/local/bin/
-ENV LD_LIBRARY_PATH=/usr/local/lib/qstream
+RUN echo /usr/local/lib/qstream > /etc/ld.so.conf.d/qstream.conf && ldconfig
 USER 10001:10001
 EXPOSE 50051 50052 9464
 # grpc.health.v1 on the plaintext health port. Kubernetes ignores this (its

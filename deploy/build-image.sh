@@ -64,6 +64,7 @@ is_system_lib() {
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
+out="$(cd "$out" && pwd)"
 for t in "${targets[@]}"; do
   if src="$(find_binary "$t")"; then
     # Host debug info is most of the size; device line info stays in the fatbin.
@@ -86,7 +87,9 @@ status=0
 for bin in "$out"/bin/*; do
   while read -r name arrow path _; do
     [[ "$arrow" == "=>" ]] || continue
-    if [[ "$path" == "not" ]]; then
+    if [[ "$path" == "not" ]] && is_system_lib "$name"; then
+      echo "build-image: $(basename "$bin") needs $name, which the GPU node or the runtime image provides"
+    elif [[ "$path" == "not" ]]; then
       echo "build-image: $(basename "$bin") needs $name, found nowhere" >&2; status=1
     elif ! is_system_lib "$path" && [[ "$path" != "$out/lib/"* ]]; then
       echo "build-image: $(basename "$bin") takes $name from $path, not from the staged libraries" >&2; status=1
