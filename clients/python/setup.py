@@ -1,17 +1,29 @@
-"""Build hook: generates the gRPC/protobuf stubs from ../../proto into the
-built package (qstream/_proto) with grpcio-tools, and pins the runtime
-protobuf/grpcio to at least the versions the stubs were generated for."""
+"""Build hooks: the gRPC/protobuf stubs (qstream/_proto) are generated with
+grpcio-tools (pinned in pyproject.toml's build-system.requires, so every
+build emits the same gencode and the dependency floors in [project] hold)
+from the repository's proto/ (or $QSTREAM_PROTO_DIR):
+
+- sdist: into the sdist's qstream/_proto, so the sdist is self-contained;
+- build_py (wheels, `pip install ./clients/python`): into the built package,
+  from proto/ when there is one, else from the stubs an sdist shipped.
+
+Metadata (dependency ranges, the `gym` extra) is static, in pyproject.toml.
+"""
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "qstream"))
 import _protogen  # noqa: E402  (imported by path: the package needs the stubs it builds)
+
+SHIPPED_STUBS = HERE / "qstream" / "_proto"
 
 
 def _proto_root():
@@ -21,29 +33,39 @@ def _proto_root():
     return None
 
 
+def _shipped() -> bool:
+    """An unpacked sdist: stubs beside the sources (a checkout's qstream/_proto
+    is generated on import and not used by builds; proto/ wins there)."""
+    return (SHIPPED_STUBS / "experience_pb2_grpc.py").is_file()
+
+
 class BuildPyWithStubs(build_py):
     def run(self):
         super().run()
-        root = _proto_root()
         out = Path(self.build_lib) / "qstream" / "_proto"
+        root = _proto_root()
         if root is not None:
             _protogen.generate(root, out)
-        elif not (HERE / "qstream" / "_proto" / "experience_pb2.py").is_file():
+        elif _shipped():
+            if out.exists():
+                shutil.rmtree(out)
+            shutil.copytree(SHIPPED_STUBS, out, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
             raise RuntimeError("qstream: proto/ not found (set QSTREAM_PROTO_DIR) and no pre-generated stubs")
 
 
-def _runtime_requirements():
-    reqs = ["numpy>=1.22", "gymnasium>=0.29"]
-    try:
-        import grpc_tools
-        from google.protobuf import __version__ as pb_version
-        from importlib.metadata import version
+class SdistWithStubs(sdist):
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        out = Path(base_dir) / "qstream" / "_proto"
+        root = _proto_root()
+        if root is not None:
+            _protogen.generate(root, out)
+        elif _shipped():  # an sdist rebuilt from an sdist
+            shutil.copytree(SHIPPED_STUBS, out, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                            dirs_exist_ok=True)
+        else:
+            raise RuntimeError("qstream: proto/ not found (set QSTREAM_PROTO_DIR) and no pre-generated stubs")
 
-        tools = version("grpcio-tools")
-        reqs += [f"grpcio>={tools}", f"protobuf>={pb_version}"]
-    except Exception:  # building without grpcio-tools fails later with a clear error
-        reqs += ["grpcio", "protobuf"]
-    return reqs
 
-
-setup(cmdclass={"build_py": BuildPyWithStubs}, install_requires=_runtime_requirements())
+setup(cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithStubs})

@@ -6,7 +6,14 @@
 from qstream.actor import ActorResult, EpsilonSchedule, run_actor
 from qstream.admin import AdminClient
 from qstream.batch import nstep_batch, step_batch
-from qstream.channel import AuthError, ConnectError, QstreamError, open_channel
+from qstream.channel import (
+    DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH,
+    AuthError,
+    ConnectError,
+    MessageTooLarge,
+    QstreamError,
+    open_channel,
+)
 from qstream.client import ActorClient
 from qstream.policy import Architecture, Policy, PolicyWatcher, fetch_policy
 from qstream.stream import BatchRejected, StreamError, StreamStats
@@ -15,6 +22,7 @@ from qstream.writer import Backpressure, Writer
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH",
     "ActorClient",
     "ActorResult",
     "AdminClient",
@@ -24,6 +32,7 @@ __all__ = [
     "BatchRejected",
     "ConnectError",
     "EpsilonSchedule",
+    "MessageTooLarge",
     "Policy",
     "PolicyWatcher",
     "QstreamError",

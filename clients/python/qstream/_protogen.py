@@ -1,8 +1,11 @@
 """Python stubs for proto/qstream/v1, generated with grpcio-tools.
 
-The stubs are produced at build time (setup.py's build_py hook) and, when the
-package runs from a source checkout without them, on first import. They land
-in ``qstream/_proto`` as flat modules importing each other relatively, so the
+The stubs (``*_pb2.py``, ``*_pb2_grpc.py`` and ``*_pb2.pyi`` type stubs) are
+produced at build time: setup.py's build_py hook generates them into the
+wheel from the repository's proto/, and its sdist hook into the sdist, so a
+wheel built from the sdist needs no proto/. When the package runs from a
+source checkout they are generated on first import. They land in
+``qstream/_proto`` as flat modules importing each other relatively, so the
 ``qstream.v1`` proto package never collides with this ``qstream`` package.
 """
 
@@ -57,11 +60,12 @@ def generate(proto_root: Path, out_dir: Path) -> None:
             f"-I{well_known}",
             f"--python_out={raw}",
             f"--grpc_python_out={raw}",
+            f"--pyi_out={raw}",
             *files,
         ]
         if protoc.main(args) != 0:
             raise RuntimeError(f"grpc_tools.protoc failed on {proto_root}")
-        for src in sorted((raw / _PROTO_SUBDIR).glob("*.py")):
+        for src in sorted((raw / _PROTO_SUBDIR).glob("*.py*")):
             text = _CROSS_IMPORT.sub(r"from . import \1 as \2", src.read_text())
             (pkg / src.name).write_text(text)
         (pkg / "__init__.py").write_text('"""Generated from proto/qstream/v1 by qstream._protogen."""\n')
@@ -82,19 +86,29 @@ def _stale(out_dir: Path, root: Path) -> bool:
     return newest > marker.stat().st_mtime
 
 
+def _source_tree(package_dir: Path) -> bool:
+    """Whether the package runs from its source folder (clients/python or an
+    unpacked sdist, beside pyproject.toml) rather than from an install."""
+    return (package_dir.parent / "pyproject.toml").is_file()
+
+
 def ensure_generated() -> None:
     """Makes qstream._proto importable. In a source checkout (a proto/
     folder above this file, or $QSTREAM_PROTO_DIR) the stubs are generated
-    when missing or older than the .proto files; an installed package uses
-    the stubs its build generated."""
-    out_dir = Path(__file__).resolve().parent / "_proto"
+    when missing or older than the .proto files; an installed package (a
+    wheel, even one installed into a venv inside a checkout) always uses the
+    stubs its build generated, and so does an unpacked sdist."""
+    package_dir = Path(__file__).resolve().parent
+    out_dir = package_dir / "_proto"
+    if (out_dir / "experience_pb2_grpc.py").is_file() and not _source_tree(package_dir):
+        return
     root = find_proto_root()
     if root is None:
         if (out_dir / "experience_pb2_grpc.py").is_file():
             return
         raise ImportError(
             "qstream: generated stubs are missing and no proto/ folder was found; "
-            "install with `pip install ./clients/python` or set QSTREAM_PROTO_DIR"
+            "install the wheel or sdist (`pip install ./clients/python`) or set QSTREAM_PROTO_DIR"
         )
     if _stale(out_dir, root):
         generate(root, out_dir)

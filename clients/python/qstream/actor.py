@@ -19,7 +19,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -54,13 +54,22 @@ class ActorResult:
     policy_version: int
 
 
-def _autoreset_mode(envs) -> str:
+def _import_gymnasium() -> Any:
+    try:
+        import gymnasium
+    except ImportError as e:
+        raise ImportError(
+            "qstream.run_actor needs gymnasium, an optional dependency: pip install 'qstream[gym]'"
+        ) from e
+    return gymnasium
+
+
+def _autoreset_mode(envs: Any) -> str:
     """"next_step", "same_step" (gymnasium >= 1.0) or "legacy" (< 1.0,
     final observation in infos["final_observation"])."""
     mode = getattr(envs, "metadata", {}).get("autoreset_mode")
     if mode is None:
-        import gymnasium
-
+        gymnasium = _import_gymnasium()
         return "next_step" if int(gymnasium.__version__.split(".")[0]) >= 1 else "legacy"
     name = str(getattr(mode, "value", mode)).lower().replace("_", "")
     canonical = {"nextstep": "next_step", "samestep": "same_step"}
@@ -124,8 +133,9 @@ class TransitionRecorder:
         return steps, finished
 
 
-def make_vector_env(env_id: str, num_envs: int, **env_kwargs):
-    import gymnasium as gym
+def make_vector_env(env_id: str, num_envs: int, **env_kwargs: Any) -> Any:
+    """A gymnasium SyncVectorEnv of `num_envs` copies of `env_id`."""
+    gym = _import_gymnasium()
 
     return gym.vector.SyncVectorEnv([lambda: gym.make(env_id, **env_kwargs) for _ in range(num_envs)])
 
@@ -144,8 +154,8 @@ def run_actor(
     max_in_flight: int = 8,
     max_delay: float | None = 0.02,
     report_every_s: float = 5.0,
-    envs=None,
-    log=print,
+    envs: Any = None,
+    log: Callable[[str], Any] = print,
     connect_timeout_s: float = 30.0,
     tls_ca: PathLike | None = None,
     tls_cert: PathLike | None = None,
@@ -153,6 +163,7 @@ def run_actor(
     tls_server_name: str | None = None,
     token: str | None = None,
     token_file: PathLike | None = None,
+    max_receive_message_length: int | None = None,
 ) -> ActorResult:
     """Acts in `env_id` (or the given vector env `envs`) until total_steps env
     steps, or until the mean return of the last `return_window` episodes
@@ -161,15 +172,19 @@ def run_actor(
     max_in_flight as there, env = env_id), and so does every finished
     episode (Writer.report_episode). The TLS and
     token parameters are those of qstream.channel.open_channel; a refused
-    token raises AuthError, an unreachable daemon ConnectError."""
-    security = dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name,
+    token raises AuthError, an unreachable daemon ConnectError.
+    max_receive_message_length bounds the policy messages (PolicyWatcher;
+    default 256 MiB, -1: none); a larger policy raises MessageTooLarge.
+    `envs` is a gymnasium vector env (default make_vector_env(env_id,
+    num_envs), which needs the `gym` extra: pip install 'qstream[gym]')."""
+    security: dict[str, Any] = dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name,
                     token=token, token_file=token_file)
     epsilon = epsilon or EpsilonSchedule()
     envs = envs if envs is not None else make_vector_env(env_id, num_envs)
     n = envs.num_envs
     mode = _autoreset_mode(envs)
     rng = np.random.default_rng(seed)
-    returns = collections.deque(maxlen=return_window)
+    returns: collections.deque[float] = collections.deque(maxlen=return_window)
     episodes = 0
     steps = 0
     start = time.monotonic()
@@ -177,7 +192,8 @@ def run_actor(
 
     reached = False
     # On an exception the writer cancels its stream instead of flushing.
-    with PolicyWatcher(server, timeout=connect_timeout_s, **security) as watcher, Writer(
+    with PolicyWatcher(server, timeout=connect_timeout_s, max_receive_message_length=max_receive_message_length,
+                       **security) as watcher, Writer(
         server, max_batch=batch_size, max_delay=max_delay, max_in_flight=max_in_flight, env=env_id, **security
     ) as writer:
         try:
@@ -202,7 +218,7 @@ def run_actor(
                 obs = np.asarray(next_obs, dtype=np.float32).reshape(n, -1)
 
                 now = time.monotonic()
-                mean = float(np.mean(returns)) if returns else 0.0
+                mean = float(np.mean(list(returns))) if returns else 0.0
                 if now >= next_report:
                     st = writer.stats
                     log(
@@ -217,7 +233,7 @@ def run_actor(
             writer.flush()
         finally:
             envs.close()
-    mean = float(np.mean(returns)) if returns else 0.0
+    mean = float(np.mean(list(returns))) if returns else 0.0
     wall = time.monotonic() - start
     log(
         f"{'reached' if reached else 'done'} env_steps={steps} episodes={episodes} "

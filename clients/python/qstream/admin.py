@@ -43,12 +43,13 @@ class AdminClient:
         token: str | None = None,
         token_file: PathLike | None = None,
         timeout: float = 10.0,
-    ):
-        """`server` is an address (TLS and token parameters as in
-        qstream.channel.open_channel) or a ready channel."""
+        max_receive_message_length: int | None = None,
+    ) -> None:
+        """`server` is an address (TLS, token and receive-limit parameters as
+        in qstream.channel.open_channel) or a ready channel."""
         self._channel, self._own_channel = channel_for(
             server, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name,
-            token=token, token_file=token_file,
+            token=token, token_file=token_file, max_receive_message_length=max_receive_message_length,
         )
         self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
         self._health = self._channel.unary_unary(
@@ -95,5 +96,5 @@ class AdminClient:
     def __enter__(self) -> "AdminClient":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -19,6 +19,7 @@ ms this way (clients/python/bench_writer.py).
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from qstream.proto import experience_pb2
 
@@ -78,7 +79,16 @@ def step_message(obs, next_obs, actions, rewards, done, truncated, env_ids, poli
     return b
 
 
-def step_batch(obs, actions, rewards, next_obs, done, truncated=None, env_ids=None, policy_version: int = 0):
+def step_batch(
+    obs: ArrayLike,
+    actions: ArrayLike,
+    rewards: ArrayLike,
+    next_obs: ArrayLike,
+    done: ArrayLike,
+    truncated: ArrayLike | None = None,
+    env_ids: ArrayLike | None = None,
+    policy_version: int = 0,
+) -> experience_pb2.TransitionBatch:
     """KIND_STEP batch of n one-step transitions; the daemon assembles the
     n-step returns per env_id. obs/next_obs: (n, obs_dim); actions: (n,) or
     (n, branches); done: episode ended in a terminal state; truncated:
@@ -98,7 +108,14 @@ def step_batch(obs, actions, rewards, next_obs, done, truncated=None, env_ids=No
     )
 
 
-def nstep_batch(obs, actions, returns, discounts, next_obs, policy_version: int = 0):
+def nstep_batch(
+    obs: ArrayLike,
+    actions: ArrayLike,
+    returns: ArrayLike,
+    discounts: ArrayLike,
+    next_obs: ArrayLike,
+    policy_version: int = 0,
+) -> experience_pb2.TransitionBatch:
     """KIND_NSTEP batch of client-assembled transitions: returns is the
     discounted n-step return, discounts the bootstrap factor
     gamma^k * (1 - terminal) in [0, 1]."""

@@ -12,17 +12,29 @@ channels and the daemon accepts plaintext on loopback.
 from __future__ import annotations
 
 import collections
+import operator
 import os
 from pathlib import Path
 from typing import Any, Iterable, Union
 
 import grpc
 
-# The client classes read messages of any size the daemon sends (policies).
-DEFAULT_OPTIONS: tuple[tuple[str, Any], ...] = (
-    ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
-)
+MiB = 1 << 20
+
+# The largest message a channel opened here accepts from the daemon, unless
+# the caller passes max_receive_message_length. The largest message the
+# daemon sends is a Policy (GetPolicy/WatchPolicy): 4 bytes per network
+# parameter plus ~100 bytes, and neither the Policy nor StatusResponse
+# carries its size (StatusResponse.config, from which it follows, is only
+# sent to admin tokens), so the limit is set before the first policy is
+# seen: 256 MiB holds ~67M parameters, far above gRPC's own 4 MiB default
+# (~1M parameters), while a broken or hostile peer still cannot make the
+# client allocate without bound. -1 lifts the limit.
+DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH = 256 * MiB
+_MAX_CHANNEL_ARG = (1 << 31) - 1
+
+# Batches of any size go out (the daemon enforces server.max_message_bytes).
+DEFAULT_OPTIONS: tuple[tuple[str, Any], ...] = (("grpc.max_send_message_length", -1),)
 
 _TOKEN_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
@@ -55,6 +67,44 @@ class ConnectError(QstreamError):
         super().__init__(f"could not reach qstreamd at {server} within {timeout:g}s: {details}")
         self.server = server
         self.details = details
+
+
+class MessageTooLarge(QstreamError):
+    """A message from the daemon (a policy) exceeded the channel's receive
+    limit. ``details`` is gRPC's message ("Received message larger than max
+    (N vs. LIMIT)"). Raise the limit: ``max_receive_message_length=`` of the
+    SDK class (bytes, -1: none), or ``grpc.max_receive_message_length`` on a
+    channel you open yourself. Retrying cannot help."""
+
+    def __init__(self, call: str, details: str):
+        super().__init__(
+            f"{call}: {details}; raise the receive limit with max_receive_message_length=BYTES (-1: no limit; "
+            f"default {DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH // MiB} MiB), or for a channel you opened yourself with "
+            f"the channel option grpc.max_receive_message_length (gRPC's default is 4 MiB)"
+        )
+        self.call = call
+        self.details = details
+
+
+def is_too_large(error: grpc.RpcError) -> bool:
+    """Whether `error` is gRPC refusing a received message over the
+    channel's max_receive_message_length (a client-side RESOURCE_EXHAUSTED)."""
+    return error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (error.details() or "")
+
+
+def check_receive_limit(max_receive_message_length: int) -> int:
+    """The limit as an int: -1 (none) or 1 to 2**31 - 1 bytes (a gRPC
+    channel argument is an int32); ValueError otherwise."""
+    try:
+        n = -2 if isinstance(max_receive_message_length, bool) else operator.index(max_receive_message_length)
+    except TypeError:
+        n = -2
+    if not (n == -1 or 1 <= n <= _MAX_CHANNEL_ARG):
+        raise ValueError(
+            f"max_receive_message_length must be -1 (no limit) or 1 to {_MAX_CHANNEL_ARG} bytes, "
+            f"got {max_receive_message_length!r}"
+        )
+    return n
 
 
 def is_token_refused(error: grpc.RpcError) -> bool:
@@ -146,6 +196,7 @@ def open_channel(
     tls_server_name: str | None = None,
     token: str | None = None,
     token_file: PathLike | None = None,
+    max_receive_message_length: int = DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH,
     options: Iterable[tuple[str, Any]] = (),
 ) -> grpc.Channel:
     """A channel to the daemon at `server` (host:port).
@@ -161,7 +212,12 @@ def open_channel(
         token, token_file: the bearer token (role actor, observer or admin)
             sent with every call, or a file holding it (trailing newline
             stripped); at most one of the two.
-        options: extra gRPC channel options, after DEFAULT_OPTIONS.
+        max_receive_message_length: the largest message (a policy: 4
+            bytes per network parameter, ~100 more) the channel accepts, in
+            bytes; -1: no limit. Default DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH
+            (256 MiB). A policy over it raises MessageTooLarge.
+        options: extra gRPC channel options, after DEFAULT_OPTIONS and the
+            receive limit (an option given here replaces either).
 
     Raises ValueError naming the file or parameter when a file cannot be
     read or the parameters do not fit together. Connecting happens on the
@@ -182,7 +238,10 @@ def open_channel(
             raise ValueError("token is empty")
         _check_token(token, "token")
 
-    channel_options: list[tuple[str, Any]] = [*DEFAULT_OPTIONS, *options]
+    merged = dict(DEFAULT_OPTIONS)
+    merged["grpc.max_receive_message_length"] = check_receive_limit(max_receive_message_length)
+    merged.update(options)  # the caller's options win (gRPC takes one value per key)
+    channel_options: list[tuple[str, Any]] = list(merged.items())
     if tls:
         credentials = grpc.ssl_channel_credentials(
             root_certificates=_read_pem(tls_ca, "tls_ca") if tls_ca is not None else None,
@@ -203,12 +262,13 @@ def channel_for(
     server: str | grpc.Channel, *, options: Iterable[tuple[str, Any]] = (), **security: Any
 ) -> tuple[grpc.Channel, bool]:
     """(channel, owned): `server` itself when it is a channel (then no
-    security parameter may be given: the channel has its own), else
-    open_channel(server, **security) with the parameters that are not None,
-    which the caller owns and closes."""
+    security parameter or max_receive_message_length may be given: the
+    channel has its own), else open_channel(server, **security) with the
+    parameters that are not None, which the caller owns and closes."""
     given = {k: v for k, v in security.items() if v is not None}
     if isinstance(server, grpc.Channel):
         if given:
-            raise ValueError(f"{', '.join(given)}: not used with a ready channel; pass the address instead")
+            raise ValueError(f"{', '.join(given)}: not used with a ready channel; pass the address instead "
+                             f"(or set it on the channel)")
         return server, False
     return open_channel(server, options=options, **given), True

@@ -9,7 +9,7 @@ from qstream.actor import EpsilonSchedule, run_actor
 from qstream.channel import QstreamError
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="qstream-actor-py", description=__doc__)
     p.add_argument("--env", default="CartPole-v1", help="gymnasium environment id")
     p.add_argument("--server", default="127.0.0.1:50051", help="qstreamd gRPC address host:port")
@@ -29,6 +29,9 @@ def main(argv=None) -> int:
     p.add_argument("--tls_key", help="PEM private key of --tls_cert")
     p.add_argument("--tls_server_name", help="name the daemon's certificate is checked against instead of the host")
     p.add_argument("--token_file", help="file holding the bearer token (role actor); never pass a token itself")
+    p.add_argument("--max_receive_message_length", type=int, default=None,
+                   help="largest policy message accepted, bytes (4 per network parameter); -1: no limit; "
+                        "default 256 MiB")
     a = p.parse_args(argv)
     if (a.tls_cert is None) != (a.tls_key is None):
         p.error("--tls_cert and --tls_key go together")
@@ -51,10 +54,11 @@ def main(argv=None) -> int:
             tls_key=a.tls_key,
             tls_server_name=a.tls_server_name,
             token_file=a.token_file,
+            max_receive_message_length=a.max_receive_message_length,
         )
     except KeyboardInterrupt:
         return 0
-    except (QstreamError, ValueError) as e:
+    except (QstreamError, ValueError, ImportError) as e:
         print(f"qstream-actor-py: {e}", file=sys.stderr)
         return 1
     if a.stop_at_return is not None and not result.reached_target:

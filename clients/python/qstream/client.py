@@ -17,7 +17,10 @@ thin layer over qstream.Writer (one code path for the stream).
 
 from __future__ import annotations
 
+from typing import Any, Callable, Iterable
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from qstream.channel import PathLike
 from qstream.proto import experience_pb2
@@ -37,15 +40,15 @@ class ActorClient:
         max_in_flight: int = 8,
         max_backoff_s: float = 5.0,
         reconnect_timeout_s: float = 60.0,
-        on_ack=None,
-        channel_options: list | None = None,
+        on_ack: Callable[[experience_pb2.Ack, StreamStats], None] | None = None,
+        channel_options: Iterable[tuple[str, Any]] | None = None,
         tls_ca: PathLike | None = None,
         tls_cert: PathLike | None = None,
         tls_key: PathLike | None = None,
         tls_server_name: str | None = None,
         token: str | None = None,
         token_file: PathLike | None = None,
-    ):
+    ) -> None:
         """Opens the stream to the daemon at `server` (host:port); the TLS and
         token parameters are those of qstream.channel.open_channel (a
         ValueError names a file that cannot be read)."""
@@ -71,7 +74,17 @@ class ActorClient:
     def writer(self) -> Writer:
         return self._writer
 
-    def add_steps(self, obs, actions, rewards, next_obs, done, truncated=None, env_ids=None, policy_version=0):
+    def add_steps(
+        self,
+        obs: ArrayLike,
+        actions: ArrayLike,
+        rewards: ArrayLike,
+        next_obs: ArrayLike,
+        done: ArrayLike,
+        truncated: ArrayLike | None = None,
+        env_ids: ArrayLike | None = None,
+        policy_version: int = 0,
+    ) -> None:
         """Buffers n one-step transitions (the arguments of
         qstream.batch.step_batch; env_ids unset: all env 0) and sends a batch
         each time batch_size are buffered."""
@@ -109,7 +122,7 @@ class ActorClient:
     def __enter__(self) -> "ActorClient":
         return self
 
-    def __exit__(self, exc_type, *exc) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self._writer.__exit__(exc_type, *exc)
 
     @property

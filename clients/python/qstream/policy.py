@@ -17,8 +17,18 @@ from dataclasses import dataclass
 
 import grpc
 import numpy as np
+from numpy.typing import ArrayLike
 
-from qstream.channel import AuthError, ConnectError, PathLike, auth_error, channel_for, is_token_refused
+from qstream.channel import (
+    AuthError,
+    ConnectError,
+    MessageTooLarge,
+    PathLike,
+    auth_error,
+    channel_for,
+    is_too_large,
+    is_token_refused,
+)
 from qstream.proto import policy_pb2, policy_pb2_grpc
 
 
@@ -69,7 +79,7 @@ class Architecture:
 class Policy:
     """One policy snapshot: Q-values, greedy and epsilon-greedy actions."""
 
-    def __init__(self, arch: Architecture, weights: np.ndarray, version: int = 0):
+    def __init__(self, arch: Architecture, weights: ArrayLike, version: int = 0) -> None:
         weights = np.asarray(weights, dtype=np.float32)
         if weights.ndim != 1 or weights.size != arch.num_params:
             raise ValueError(f"policy needs {arch.num_params} weights for {arch}, got {weights.size}")
@@ -101,7 +111,7 @@ class Policy:
     def num_branches(self) -> int:
         return len(self.arch.branch_actions)
 
-    def q_values(self, obs) -> np.ndarray:
+    def q_values(self, obs: ArrayLike) -> np.ndarray:
         """obs: (n, obs_dim) or (obs_dim,). Returns (n, total_actions) Q-values,
         branches concatenated (float64)."""
         x = np.asarray(obs, dtype=np.float64).reshape(-1, self.arch.obs_dim)
@@ -128,7 +138,7 @@ class Policy:
             start += k
         return np.concatenate(qs, axis=1)
 
-    def greedy(self, obs) -> np.ndarray:
+    def greedy(self, obs: ArrayLike) -> np.ndarray:
         """(n, num_branches) int32 argmax per branch (ties: lowest index)."""
         q = self.q_values(obs)
         out = np.empty((q.shape[0], self.num_branches), dtype=np.int32)
@@ -138,7 +148,7 @@ class Policy:
             start += k
         return out
 
-    def act(self, obs, epsilon: float, rng: np.random.Generator | None = None) -> np.ndarray:
+    def act(self, obs: ArrayLike, epsilon: float, rng: np.random.Generator | None = None) -> np.ndarray:
         """Epsilon-greedy per observation: with probability epsilon every
         branch of that observation takes a uniform random action."""
         rng = rng if rng is not None else np.random.default_rng()
@@ -157,8 +167,9 @@ _TLS_HINT = ("; check tls_ca (the CA of the daemon's certificate), tls_server_na
 def _get_policy(stub: policy_pb2_grpc.PolicyServiceStub, server: str, timeout: float, tls: bool) -> Policy:
     """GetPolicy, retried with backoff while the daemon is unreachable (or
     restoring) for up to `timeout` seconds. Raises AuthError at once for a
-    refused token, ConnectError with gRPC's last reason (refused
-    connection, failed TLS handshake, ...) after the timeout."""
+    refused token, MessageTooLarge for a policy over the channel's receive
+    limit, ConnectError with gRPC's last reason (refused connection, failed
+    TLS handshake, ...) after the timeout."""
     deadline = time.monotonic() + timeout
     backoff = 0.05
     while True:
@@ -168,6 +179,8 @@ def _get_policy(stub: policy_pb2_grpc.PolicyServiceStub, server: str, timeout: f
         except grpc.RpcError as e:
             if is_token_refused(e):
                 raise auth_error("PolicyService.GetPolicy", e) from None
+            if is_too_large(e):
+                raise MessageTooLarge("PolicyService.GetPolicy", e.details() or "") from None
             if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise
             if time.monotonic() + backoff >= deadline:
@@ -187,13 +200,15 @@ def fetch_policy(
     tls_server_name: str | None = None,
     token: str | None = None,
     token_file: PathLike | None = None,
+    max_receive_message_length: int | None = None,
 ) -> Policy:
     """GetPolicy once, waiting up to `timeout` seconds for the daemon.
     `server` is an address (TLS and token parameters as in
-    qstream.channel.open_channel) or a ready channel. Raises AuthError or
-    ConnectError (see PolicyWatcher)."""
+    qstream.channel.open_channel) or a ready channel. Raises AuthError,
+    MessageTooLarge or ConnectError (see PolicyWatcher)."""
     channel, owned = channel_for(server, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
-                                 tls_server_name=tls_server_name, token=token, token_file=token_file)
+                                 tls_server_name=tls_server_name, token=token, token_file=token_file,
+                                 max_receive_message_length=max_receive_message_length)
     try:
         return _get_policy(policy_pb2_grpc.PolicyServiceStub(channel), _name(server), timeout,
                            tls=tls_ca is not None or tls_cert is not None)
@@ -213,10 +228,18 @@ class PolicyWatcher:
 
     `server` is an address (TLS and token parameters as in
     qstream.channel.open_channel) or a ready channel. The constructor raises
-    AuthError when the daemon refuses the token and ConnectError when it
-    cannot be reached within `timeout` seconds (the message carries gRPC's
-    reason, e.g. a failed TLS handshake). A token refused later ends the
-    watch; `.error` then holds the AuthError."""
+    AuthError when the daemon refuses the token, MessageTooLarge when the
+    policy is larger than the channel's receive limit, and ConnectError
+    when the daemon cannot be reached within `timeout` seconds (the message
+    carries gRPC's reason, e.g. a failed TLS handshake). A token refused
+    later, or a later policy over the limit, ends the watch; `.error` then
+    holds the AuthError or MessageTooLarge.
+
+    max_receive_message_length: the largest policy message accepted, in
+    bytes (4 per network parameter, ~100 more; -1: no limit); default
+    qstream.channel.DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH, 256 MiB. Address
+    only: a ready channel has its own (gRPC's default is 4 MiB, about 1M
+    parameters)."""
 
     def __init__(
         self,
@@ -230,17 +253,18 @@ class PolicyWatcher:
         tls_server_name: str | None = None,
         token: str | None = None,
         token_file: PathLike | None = None,
-    ):
+        max_receive_message_length: int | None = None,
+    ) -> None:
         self._channel, self._own_channel = channel_for(
             server, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name,
-            token=token, token_file=token_file,
+            token=token, token_file=token_file, max_receive_message_length=max_receive_message_length,
         )
         self._stub = policy_pb2_grpc.PolicyServiceStub(self._channel)
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._call = None
         self._max_backoff_s = max_backoff_s
-        self.error: AuthError | None = None
+        self.error: AuthError | MessageTooLarge | None = None
         try:
             self._policy = _get_policy(self._stub, _name(server), timeout,
                                        tls=tls_ca is not None or tls_cert is not None)
@@ -260,7 +284,7 @@ class PolicyWatcher:
     def version(self) -> int:
         return self.policy.version
 
-    def act(self, obs, epsilon: float, rng: np.random.Generator | None = None) -> np.ndarray:
+    def act(self, obs: ArrayLike, epsilon: float, rng: np.random.Generator | None = None) -> np.ndarray:
         return self.policy.act(obs, epsilon, rng)
 
     def _watch(self) -> None:
@@ -283,6 +307,9 @@ class PolicyWatcher:
                 if is_token_refused(e):
                     self.error = auth_error("PolicyService.WatchPolicy", e)
                     return
+                if is_too_large(e):
+                    self.error = MessageTooLarge("PolicyService.WatchPolicy", e.details() or "")
+                    return
             if self._closed.wait(backoff):
                 return
             backoff = min(backoff * 2, self._max_backoff_s)
@@ -299,5 +326,5 @@ class PolicyWatcher:
     def __enter__(self) -> "PolicyWatcher":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -29,6 +29,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import grpc
 
@@ -137,7 +138,7 @@ class ExperienceStream:
         self._call = None
         # Called (cv held) after each ack settled a batch: the owner's hook
         # for waking a thread that waits for a free slot on its own condition.
-        self.on_acked_locked = None
+        self.on_acked_locked: Callable[[], None] | None = None
 
         self._reader = threading.Thread(target=self._run, name="qstream-acks", daemon=True)
         self._reader.start()

@@ -31,9 +31,11 @@ import re
 import threading
 import time
 import uuid
+from typing import Any, Callable, Iterable
 
 import grpc
 import numpy as np
+from numpy.typing import ArrayLike
 
 from qstream.batch import BOOL, F32, I32, U32, StepColumns
 from qstream.channel import PathLike, QstreamError, channel_for
@@ -118,16 +120,16 @@ class Writer:
         stream_id: str | None = None,
         max_backoff_s: float = 5.0,
         reconnect_timeout_s: float = 60.0,
-        on_ack=None,
+        on_ack: Callable[[experience_pb2.Ack, StreamStats], None] | None = None,
         env: str | None = None,
-        channel_options: list | None = None,
+        channel_options: Iterable[tuple[str, Any]] | None = None,
         tls_ca: PathLike | None = None,
         tls_cert: PathLike | None = None,
         tls_key: PathLike | None = None,
         tls_server_name: str | None = None,
         token: str | None = None,
         token_file: PathLike | None = None,
-    ):
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_in_flight < 1:
@@ -221,8 +223,17 @@ class Writer:
         with self._cv:
             return self._num_pending
 
-    def append(self, obs, action, reward, terminated, truncated, next_obs=None, env_ids=None,
-               policy_version: int = 0) -> None:
+    def append(
+        self,
+        obs: ArrayLike,
+        action: ArrayLike,
+        reward: ArrayLike,
+        terminated: ArrayLike,
+        truncated: ArrayLike,
+        next_obs: ArrayLike | None = None,
+        env_ids: ArrayLike | None = None,
+        policy_version: int = 0,
+    ) -> None:
         """Adds one env step: obs (obs_dim,) or (num_envs, obs_dim); action
         (num_branches,) / scalar, or (num_envs, num_branches) / (num_envs,);
         reward, terminated, truncated scalars or (num_envs,).
@@ -437,7 +448,7 @@ class Writer:
     def __enter__(self) -> "Writer":
         return self
 
-    def __exit__(self, exc_type, *exc) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is None:
             self.close()
         else:
