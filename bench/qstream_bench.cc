@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "bench/bench.h"
+#include "common/log.h"
 
 namespace {
 
@@ -51,6 +52,8 @@ int main(int argc, char** argv) {
     Usage(argv[0]);
     return argc < 2 ? 2 : 0;
   }
+  // Log lines of an in-process daemon go to stderr, away from the JSON lines.
+  (void)qstream::InitLogging("text");
   // Subcommands see their own name as argv[0].
   if (std::strcmp(argv[1], "learner") == 0) return qstream::bench::RunLearnerBench(argc - 1, argv + 1);
   if (std::strcmp(argv[1], "ingest") == 0) return qstream::bench::RunIngestBench(argc - 1, argv + 1);

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "spdlog/spdlog.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -135,7 +136,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       return absl::UnavailableError(absl::StrCat("--health_listen=", options.health_listen, ": cannot bind"));
     }
   }
-  d->SetServing(false);
+  d->SetServing(/*serving=*/false, /*live=*/true);
   if (!options.restore.empty()) {
     if (absl::Status st = d->Restore(); !st.ok()) {
       d->write_final_checkpoint_ = false;  // never write over what could not be read
@@ -144,21 +145,28 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
   }
   Daemon* raw = d.get();
-  d->learner_->SetHaltListener([raw](bool halted) { raw->SetServing(!halted); });
+  d->health_ = std::make_unique<HealthMonitor>(d->learner_.get(), options.config.server().liveness_timeout_seconds(),
+                                               options.health_check_period,
+                                               [raw](bool serving, bool live) { raw->SetServing(serving, live); });
+  d->metrics_->SetServingSource([raw] { return raw->health_->serving(); });
+  d->learner_->SetHaltListener([raw](bool halted) { raw->health_->SetHalted(halted); });
   if (options.start_paused) d->learner_->Pause();
   d->learner_->Start();
   d->metrics_->Start(absl::StrCat(Hostname(), ":", d->grpc_port_));
   d->experience_->Open();
   d->policy_->Open();
-  d->SetServing(true);
+  d->health_->Start();
   return d;
 }
 
 Daemon::~Daemon() { Shutdown(absl::ZeroDuration()); }
 
-void Daemon::SetServing(bool serving) {
-  server_->GetHealthCheckService()->SetServingStatus(serving);
-  if (health_server_) health_server_->GetHealthCheckService()->SetServingStatus(serving);
+void Daemon::SetServing(bool serving, bool live) {
+  for (grpc::Server* s : {server_.get(), health_server_.get()}) {
+    if (s == nullptr) continue;
+    s->GetHealthCheckService()->SetServingStatus(serving);
+    s->GetHealthCheckService()->SetServingStatus(kLivenessService, live);
+  }
 }
 
 absl::Status Daemon::Reload() {
@@ -177,6 +185,7 @@ void Daemon::Shutdown(absl::Duration deadline) {
     if (learner_) learner_->Stop();
     return;
   }
+  if (health_) health_->Stop();
   server_->GetHealthCheckService()->Shutdown();
   if (health_server_) {
     health_server_->GetHealthCheckService()->Shutdown();
@@ -196,7 +205,7 @@ void Daemon::Shutdown(absl::Duration deadline) {
   learner_->Stop();
   sessions_->Stop();
   if (absl::Status st = write_final_checkpoint_ ? learner_->WriteFinalCheckpoint() : absl::OkStatus(); !st.ok()) {
-    std::fprintf(stderr, "qstreamd: final checkpoint failed: %s\n", st.ToString().c_str());
+    spdlog::error("final checkpoint failed: {}", st.ToString());
   }
   shutdown_thread.join();
   server_->Wait();
@@ -210,10 +219,9 @@ absl::Status Daemon::Restore() {
   if (options_.restore == "latest") {
     std::vector<std::string> refused;
     data = ReadLatestCheckpoint(options_.checkpoint_dir, options_.config, &refused, &dir);
-    for (const std::string& r : refused) std::fprintf(stderr, "qstreamd: restore: refused %s\n", r.c_str());
+    for (const std::string& r : refused) spdlog::warn("restore: refused {}", r);
     if (absl::IsNotFound(data.status()) && refused.empty()) {
-      std::fprintf(stderr, "qstreamd: restore: no checkpoint under %s, starting fresh\n",
-                   options_.checkpoint_dir.c_str());
+      spdlog::info("restore: no checkpoint under {}, starting fresh", options_.checkpoint_dir);
       return absl::OkStatus();
     }
     if (!data.ok()) {
@@ -236,11 +244,8 @@ absl::Status Daemon::Restore() {
   }
   restored_from_ = dir;
   const LearnerStatus s = learner_->status();
-  std::fprintf(stderr,
-               "qstreamd: restored %s: learner step %lld, policy v%lld, replay %lld transitions, %d ingest "
-               "sessions, in %.2f s\n",
-               dir.c_str(), static_cast<long long>(s.steps), static_cast<long long>(s.policy_version),
-               static_cast<long long>(s.replay_size), data->manifest.ingest().sessions_size(),
+  spdlog::info("restored {}: learner step {}, policy v{}, replay {} transitions, {} ingest sessions, in {:.2f} s", dir,
+               s.steps, s.policy_version, s.replay_size, data->manifest.ingest().sessions_size(),
                absl::ToDoubleSeconds(absl::Now() - start));
   return absl::OkStatus();
 }

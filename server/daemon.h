@@ -13,6 +13,7 @@
 #include "qstream/v1/config.pb.h"
 #include "server/admin_service.h"
 #include "server/experience_service.h"
+#include "server/health_monitor.h"
 #include "server/ingest_counters.h"
 #include "server/ingest_sessions.h"
 #include "server/metrics.h"
@@ -43,6 +44,9 @@ struct DaemonOptions {
   std::string restore;
   // The learner starts paused (ingest runs; Admin.Resume starts training).
   bool start_paused = false;
+  // How often the health monitor checks the learner's liveness
+  // (server.liveness_timeout_seconds).
+  absl::Duration health_check_period = absl::Seconds(1);
 };
 
 class Daemon {
@@ -80,11 +84,13 @@ class Daemon {
   Learner* learner() { return learner_.get(); }
   const Metrics& metrics() const { return *metrics_; }
   const IngestCounters& counters() const { return counters_; }
+  // Null before Start returns.
+  const HealthMonitor* health() const { return health_.get(); }
 
  private:
   explicit Daemon(const DaemonOptions& options) : options_(options) {}
-  // Health status on the gRPC port and the --health_listen port.
-  void SetServing(bool serving);
+  // Health status ("" and "liveness") on the gRPC port and the --health_listen port.
+  void SetServing(bool serving, bool live);
   // Loads options_.restore into the learner and the ingest sessions.
   absl::Status Restore();
 
@@ -99,6 +105,7 @@ class Daemon {
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> health_server_;  // --health_listen
+  std::unique_ptr<HealthMonitor> health_;
   int grpc_port_ = 0;
   int health_port_ = 0;
   bool shut_down_ = false;

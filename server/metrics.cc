@@ -11,6 +11,9 @@
 #include <optional>
 #include <system_error>
 
+#include "qstream/version.h"
+#include "server/process_stats.h"
+#include "spdlog/spdlog.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -105,8 +108,7 @@ absl::StatusOr<MetricsCredentials> ReadAuthFile(const std::string& path) {
   }
   // Group-readable is how Kubernetes mounts a Secret for fsGroup (0440).
   if ((st.st_mode & S_IROTH) != 0) {
-    std::fprintf(stderr, "warning: %s is readable by others (mode %03o); chmod 600 it\n",
-                 source.c_str(), static_cast<unsigned>(st.st_mode & 0777));
+    spdlog::warn("{} is readable by others (mode {:03o}); chmod 600 it", source, static_cast<unsigned>(st.st_mode & 0777));
   }
   std::string text(kMaxAuthFileBytes + 1, '\0');
   size_t size = 0;
@@ -141,6 +143,12 @@ absl::Status ValidateMetricsOptions(const MetricsOptions& options) {
       return absl::InvalidArgumentError(
           absl::StrCat("--metrics_listen: '", options.listen, "' is not one host:port"));
     }
+  }
+  if (options.push_job.empty() || options.push_job.size() > 128 ||
+      options.push_job.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") !=
+          std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--push_job: '", options.push_job, "' must be 1-128 characters of [A-Za-z0-9_.-]"));
   }
   if (options.threads < 1 || options.threads > kMaxMetricsThreads) {
     return absl::InvalidArgumentError(
@@ -250,8 +258,8 @@ Metrics::Metrics(const MetricsOptions& options, Learner* learner, const IngestCo
   q_max_ = &q.Add({{"stat", "max"}});
   loss_ = &Gauge(r, "qstream_loss", "Importance-weighted C51 cross-entropy of the last step");
   grad_norm_ = &Gauge(r, "qstream_grad_norm", "Global gradient norm of the last step, before clipping");
-  target_clip_fraction_ =
-      &Gauge(r, "qstream_target_clip_fraction", "Target probability mass clamped at the support edges");
+  target_clip_ratio_ = &Gauge(r, "qstream_target_clip_ratio",
+                             "Fraction of the target probability mass clamped at the support edges (0..1)");
   auto& trips = prometheus::BuildCounter()
                     .Name("qstream_guard_trips_total")
                     .Help("Steps whose update the guard skipped, by reason")
@@ -297,6 +305,34 @@ Metrics::Metrics(const MetricsOptions& options, Learner* learner, const IngestCo
   guard_rollbacks_ = &Counter(r, "qstream_guard_rollbacks_total",
                               "Rollbacks to the newest good checkpoint after repeated guard trips");
   learner_halted_ = &Gauge(r, "qstream_learner_halted", "1 while the guard has halted the learner");
+  paused_ = &Gauge(r, "qstream_paused", "1 while the learner is paused (Admin Pause, --start_paused, a failed step)");
+  serving_ = &Gauge(r, "qstream_serving", "1 while grpc.health.v1 reports SERVING (README \"Health\")");
+  replay_min_size_ = &Gauge(r, "qstream_replay_min_size",
+                            "Transitions the replay must hold before the learner samples (rate_limiter.min_size_to_sample)");
+  checkpoint_interval_ = &Gauge(r, "qstream_checkpoint_interval_seconds",
+                                "checkpoint.every_seconds when checkpoints are on (--checkpoint_dir), else 0");
+  const LearnerStatus s = learner->status();
+  prometheus::BuildGauge()
+      .Name("qstream_build_info")
+      .Help("Always 1: the build and the backend this daemon runs (backend \"cpu\" under --backend=auto means no GPU)")
+      .Register(r)
+      .Add({{"version", QSTREAM_VERSION}, {"commit", QSTREAM_GIT_COMMIT}, {"backend", s.backend}, {"device", s.device}})
+      .Set(1);
+  replay_min_size_->Set(static_cast<double>(learner->config().rate_limiter().min_size_to_sample()));
+  if (s.device_memory.total_bytes >= 0) {
+    gpu_memory_used_ = &Gauge(r, "qstream_gpu_memory_used_bytes",
+                              "Memory in use on the GPU once the backend was set up (all processes), bytes");
+    gpu_memory_total_ = &Gauge(r, "qstream_gpu_memory_total_bytes", "Memory of the GPU, bytes");
+    gpu_memory_used_->Set(static_cast<double>(s.device_memory.used_bytes));
+    gpu_memory_total_->Set(static_cast<double>(s.device_memory.total_bytes));
+  }
+  process_cpu_ = &Counter(r, "process_cpu_seconds_total", "User and system CPU time of the process, seconds");
+  process_resident_ = &Gauge(r, "process_resident_memory_bytes", "Resident memory size, bytes");
+  process_virtual_ = &Gauge(r, "process_virtual_memory_bytes", "Virtual memory size, bytes");
+  process_start_time_ = &Gauge(r, "process_start_time_seconds", "Start time of the process since the Unix epoch, seconds");
+  process_open_fds_ = &Gauge(r, "process_open_fds", "Open file descriptors");
+  process_max_fds_ = &Gauge(r, "process_max_fds", "Most open file descriptors (soft limit; -1: unlimited)");
+  process_threads_ = &Gauge(r, "process_threads", "Threads of the process");
 }
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& options, Learner* learner,
@@ -348,7 +384,7 @@ void Metrics::Start(const std::string& instance) {
   started_ = true;
   if (!gateway_host_.empty()) {
     const std::string label = options_.instance.empty() ? instance : options_.instance;
-    gateway_ = std::make_unique<prometheus::Gateway>(gateway_host_, gateway_port_, "qstream",
+    gateway_ = std::make_unique<prometheus::Gateway>(gateway_host_, gateway_port_, options_.push_job,
                                                      prometheus::Labels{{"instance", label}});
     gateway_->RegisterCollectable(registry_);
   }
@@ -481,6 +517,19 @@ void Metrics::Poll() {
     seen_rollbacks_ = s.guard_rollbacks;
   }
   learner_halted_->Set(s.halted ? 1 : 0);
+  paused_->Set(s.paused ? 1 : 0);
+  serving_->Set(serving_source_ && serving_source_() ? 1 : 0);
+  checkpoint_interval_->Set(s.checkpoints_enabled ? learner_->config().checkpoint().every_seconds() : 0.0);
+  if (auto p = ReadProcessStats(); p.ok()) {
+    if (p->cpu_seconds > seen_cpu_seconds_) process_cpu_->Increment(p->cpu_seconds - seen_cpu_seconds_);
+    seen_cpu_seconds_ = std::max(seen_cpu_seconds_, p->cpu_seconds);
+    process_resident_->Set(p->resident_bytes);
+    process_virtual_->Set(p->virtual_bytes);
+    process_start_time_->Set(p->start_time_seconds);
+    process_open_fds_->Set(p->open_fds);
+    process_max_fds_->Set(p->max_fds);
+    process_threads_->Set(p->threads);
+  }
   replay_size_->Set(static_cast<double>(s.replay_size));
   replay_capacity_->Set(static_cast<double>(s.replay_capacity));
   q_min_->Set(s.last_stats.q_min);
@@ -488,7 +537,7 @@ void Metrics::Poll() {
   q_max_->Set(s.last_stats.q_max);
   loss_->Set(s.last_stats.loss);
   grad_norm_->Set(s.last_stats.grad_norm);
-  target_clip_fraction_->Set(s.last_stats.target_clip_fraction);
+  target_clip_ratio_->Set(s.last_stats.target_clip_fraction);
   guard_tripped_->Set(s.last_stats.guard != GuardReason::kNone ? 1 : 0);
   policy_version_->Set(static_cast<double>(s.policy_version));
   actor_streams_->Set(counters_->actor_streams());

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -62,6 +63,9 @@ struct MetricsOptions {
   // Value of the instance label of pushed metrics (Daemon defaults it to
   // hostname:grpc_port).
   std::string instance;
+  // job label of pushed metrics: not the scrape job's ("qstream"), so pulled
+  // and pushed series of one daemon never collide in Prometheus.
+  std::string push_job = "qstream-push";
   // How often the statistics are read from the learner.
   absl::Duration poll_interval = absl::Milliseconds(500);
 };
@@ -116,6 +120,8 @@ class Metrics {
                                                          const IngestCounters* counters);
   ~Metrics();  // Stop()s
 
+  // Before Start: where qstream_serving reads the health status (absent: 0).
+  void SetServingSource(std::function<bool()> serving) { serving_source_ = std::move(serving); }
   // Starts polling (and pushing, labelled with `instance` when the options
   // left it empty).
   void Start(const std::string& instance = "");
@@ -160,7 +166,7 @@ class Metrics {
   prometheus::Gauge* q_max_;
   prometheus::Gauge* loss_;
   prometheus::Gauge* grad_norm_;
-  prometheus::Gauge* target_clip_fraction_;
+  prometheus::Gauge* target_clip_ratio_;
   std::vector<prometheus::Counter*> guard_trips_;  // index = GuardReason (0 unused)
   prometheus::Gauge* guard_tripped_;
   prometheus::Gauge* policy_version_;
@@ -178,6 +184,20 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* checkpoint_failures_;
   prometheus::Counter* guard_rollbacks_;
   prometheus::Gauge* learner_halted_;
+  prometheus::Gauge* paused_;
+  prometheus::Gauge* serving_;
+  prometheus::Gauge* replay_min_size_;
+  prometheus::Gauge* checkpoint_interval_;
+  prometheus::Gauge* gpu_memory_used_ = nullptr;   // CUDA backend only
+  prometheus::Gauge* gpu_memory_total_ = nullptr;
+  prometheus::Counter* process_cpu_;
+  prometheus::Gauge* process_resident_;
+  prometheus::Gauge* process_virtual_;
+  prometheus::Gauge* process_start_time_;
+  prometheus::Gauge* process_open_fds_;
+  prometheus::Gauge* process_max_fds_;
+  prometheus::Gauge* process_threads_;
+  std::function<bool()> serving_source_;
 
   // Totals already exported, to turn the sources' running totals into
   // counter increments. Touched by Poll only.
@@ -198,6 +218,7 @@ class Metrics {
   std::map<std::string, int64_t> seen_checkpoint_failures_ ABSL_GUARDED_BY(mu_);
   int64_t seen_rollbacks_ ABSL_GUARDED_BY(mu_) = 0;
   double recent_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  double seen_cpu_seconds_ ABSL_GUARDED_BY(mu_) = 0;
 
   absl::Notification stop_;
   std::thread thread_;

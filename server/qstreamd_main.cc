@@ -17,7 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/log.h"
 #include "server/daemon.h"
+#include "spdlog/spdlog.h"
 #include "trainer/config.h"
 
 ABSL_FLAG(std::string, config, "", "Text-format TrainerConfig file; empty: built-in default");
@@ -36,6 +38,12 @@ ABSL_FLAG(std::string, backend, "auto", "auto|cpu|cuda");
 ABSL_FLAG(std::string, pushgateway, "", "Pushgateway host:port; empty disables pushing");
 ABSL_FLAG(absl::Duration, push_interval, absl::Seconds(10), "Pushgateway push period");
 ABSL_FLAG(std::string, instance, "", "instance label of pushed metrics; default hostname:grpc_port");
+ABSL_FLAG(std::string, push_job, qstream::MetricsOptions().push_job,
+          "job label of pushed metrics (keep it apart from the scrape job's, e.g. qstream)");
+ABSL_FLAG(std::string, log_format, "text",
+          "text: `<UTC time> <I|W|E> qstreamd: <message>` lines; json: one {\"time\",\"level\",\"msg\"} object "
+          "per line. On stderr");
+ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warning|error|critical|off");
 ABSL_FLAG(absl::Duration, shutdown_deadline, absl::Seconds(5),
           "On SIGINT/SIGTERM, how long open streams may drain before they are cancelled");
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -166,6 +174,10 @@ int Main(int argc, char** argv) {
     return kExitUsage;
   }
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status st = InitLogging(absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level)); !st.ok()) {
+    std::fprintf(stderr, "qstreamd: %s\n", std::string(st.message()).c_str());
+    return kExitUsage;
+  }
   // Debian's Abseil checks every Mutex acquisition for lock-order cycles
   // (its deadlock detector, ~2 % of the daemon's CPU on the ingest path);
   // the tests keep it on, the daemon does not need it.
@@ -179,16 +191,16 @@ int Main(int argc, char** argv) {
 
   auto config = EffectiveConfig();
   if (!config.ok()) {
-    std::fprintf(stderr, "qstreamd: %s\n", std::string(config.status().message()).c_str());
+    spdlog::critical("{}", std::string(config.status().message()));
     return kExitUsage;
   }
   auto backend = ParseBackendKind(absl::GetFlag(FLAGS_backend));
   if (!backend.ok()) {
-    std::fprintf(stderr, "qstreamd: %s\n", std::string(backend.status().message()).c_str());
+    spdlog::critical("{}", std::string(backend.status().message()));
     return kExitUsage;
   }
   if (absl::GetFlag(FLAGS_push_interval) <= absl::ZeroDuration()) {
-    std::fprintf(stderr, "qstreamd: --push_interval: must be > 0\n");
+    spdlog::critical("--push_interval: must be > 0");
     return kExitUsage;
   }
 
@@ -211,16 +223,16 @@ int Main(int argc, char** argv) {
   options.metrics.pushgateway = absl::GetFlag(FLAGS_pushgateway);
   options.metrics.push_interval = absl::GetFlag(FLAGS_push_interval);
   options.metrics.instance = absl::GetFlag(FLAGS_instance);
+  options.metrics.push_job = absl::GetFlag(FLAGS_push_job);
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options.restore = absl::GetFlag(FLAGS_restore);
   options.start_paused = absl::GetFlag(FLAGS_start_paused);
   auto daemon = Daemon::Start(options);
   if (!daemon.ok()) {
-    std::fprintf(stderr, "qstreamd: %s\n", std::string(daemon.status().message()).c_str());
+    spdlog::critical("{}", std::string(daemon.status().message()));
     return daemon.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitSetup;
   }
-  std::printf("%s\n", (*daemon)->StartupLine().c_str());
-  std::fflush(stdout);
+  spdlog::info("{}", (*daemon)->StartupLine());
 
   int signal_number = 0;
   for (;;) {
@@ -228,17 +240,16 @@ int Main(int argc, char** argv) {
     if (signal_number != SIGHUP) break;
     // Secrets are re-read; a bad file keeps the previous ones in force.
     const absl::Status st = (*daemon)->Reload();
-    std::printf("qstreamd: SIGHUP: %s\n",
-                st.ok() ? "token and metrics auth files re-read (TLS files are re-read by gRPC's watcher)"
-                        : std::string(st.message()).c_str());
-    std::fflush(stdout);
+    if (st.ok()) {
+      spdlog::info("SIGHUP: token and metrics auth files re-read (TLS files are re-read by gRPC's watcher)");
+    } else {
+      spdlog::error("SIGHUP: {} (the previous files stay in force)", std::string(st.message()));
+    }
   }
-  std::printf("qstreamd: %s, draining streams\n", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
-  std::fflush(stdout);
+  spdlog::info("{}, draining streams", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
   (*daemon)->Shutdown(absl::GetFlag(FLAGS_shutdown_deadline));
   const LearnerStatus s = (*daemon)->learner()->status();
-  std::printf("qstreamd: stopped after %lld steps, %lld transitions in the replay\n",
-              static_cast<long long>(s.steps), static_cast<long long>(s.replay_size));
+  spdlog::info("stopped after {} steps, {} transitions in the replay", s.steps, s.replay_size);
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <utility>
 
+#include "spdlog/spdlog.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -161,9 +162,9 @@ absl::Status TokenAuthorizer::Reload() {
   if (!entries.ok()) return entries.status();
   struct stat st {};
   if (::stat(path_.c_str(), &st) == 0 && (st.st_mode & 007) != 0) {
-    std::fprintf(stderr, "qstreamd: warning: --auth_tokens=%s is readable by others (mode %04o); 0600, or 0440 "
-                 "with a group of its own, keeps the tokens to this service\n", path_.c_str(),
-                 static_cast<unsigned>(st.st_mode & 0777));
+    spdlog::warn("--auth_tokens={} is readable by others (mode {:04o}); 0600, or 0440 with a group of its own, "
+                 "keeps the tokens to this service",
+                 path_, static_cast<unsigned>(st.st_mode & 0777));
   }
   auto table = std::make_shared<const std::vector<TokenEntry>>(std::move(*entries));
   absl::MutexLock lock(&mu_);
@@ -341,8 +342,7 @@ absl::Status CheckTlsFiles(const SecurityOptions& o) {
   }
   struct stat st {};
   if (::stat(o.tls_key.c_str(), &st) == 0 && (st.st_mode & 007) != 0) {
-    std::fprintf(stderr, "qstreamd: warning: --tls_key=%s is readable by others (mode %04o)\n",
-                 o.tls_key.c_str(), static_cast<unsigned>(st.st_mode & 0777));
+    spdlog::warn("--tls_key={} is readable by others (mode {:04o})", o.tls_key, static_cast<unsigned>(st.st_mode & 0777));
   }
   if (!o.tls_client_ca.empty()) {
     auto ca_pem = ReadSmallFile(o.tls_client_ca, "--tls_client_ca", 4 << 20);

@@ -89,6 +89,12 @@ struct StepStats {
   int64_t consecutive_trips = 0;  // tripped steps in a row ending at this one
 };
 
+// Memory of the backend's device, bytes (-1: no device).
+struct DeviceMemory {
+  int64_t used_bytes = -1;   // in use on the device once the backend is set up (all processes)
+  int64_t total_bytes = -1;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -96,6 +102,8 @@ class Backend {
   virtual std::string name() const = 0;    // "cpu" or "cuda"
   virtual std::string device() const = 0;  // e.g. "cpu (2 threads)", "NVIDIA H200"
   virtual const NetworkSpec& spec() const = 0;
+  // Fixed once the backend is created (nothing is allocated after set-up).
+  virtual DeviceMemory device_memory() const { return {}; }
 
   // Appends to the replay ring at max priority. Columns must match the spec
   // (validated by the caller; an inconsistent batch returns InvalidArgument).
@@ -127,9 +135,9 @@ class Backend {
   virtual StepStats last_stats() = 0;
   virtual std::vector<int64_t> guard_trips() = 0;
   // Step times measured since the last call, appended to `out` as
-  // (seconds per step, number of steps) windows: the CPU backend times each
-  // step (count 1); the CUDA backend times each stats window of graph
-  // replays with CUDA events.
+  // (seconds per step, number of steps) windows. Both backends time every
+  // step (count 1): the CPU backend on the host clock, the CUDA backend with
+  // a pair of CUDA events around each graph replay, read once complete.
   virtual void DrainStepTimes(std::vector<std::pair<double, int64_t>>* out) = 0;
 
   // Online parameters (flat layout of NetworkSpec). May synchronize.

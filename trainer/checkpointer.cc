@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "spdlog/spdlog.h"
 #include "absl/time/clock.h"
 
 namespace qstream {
@@ -65,14 +66,12 @@ void Checkpointer::Run() {
     absl::Status pruned = absl::OkStatus();
     if (result.ok()) pruned = PruneCheckpoints(root_, keep_);
     if (result.ok()) {
-      std::fprintf(stderr, "qstreamd: checkpoint %s written: step %lld, %.1f MB in %.2f s (snapshot %.3f s)\n",
-                   result->name.c_str(), static_cast<long long>(step),
-                   result->bytes / 1e6, result->seconds, job.snapshot_seconds);
+      spdlog::info("checkpoint {} written: step {}, {:.1f} MB in {:.2f} s (snapshot {:.3f} s)", result->name, step,
+                   static_cast<double>(result->bytes) / 1e6, result->seconds, job.snapshot_seconds);
     } else {
-      std::fprintf(stderr, "qstreamd: checkpoint %s failed: %s\n", job.name.c_str(),
-                   result.status().ToString().c_str());
+      spdlog::error("checkpoint {} failed: {}", job.name, result.status().ToString());
     }
-    if (!pruned.ok()) std::fprintf(stderr, "qstreamd: pruning checkpoints: %s\n", pruned.ToString().c_str());
+    if (!pruned.ok()) spdlog::error("pruning checkpoints: {}", pruned.ToString());
     {
       absl::MutexLock lock(&mu_);
       if (result.ok()) {

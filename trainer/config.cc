@@ -107,6 +107,8 @@ absl::Status ValidateConfig(const v1::TrainerConfig& c) {
   if (s.max_queued_bytes() < 1) return Bad("server.max_queued_bytes", "must be >= 1");
   if (s.max_in_flight_per_stream() < 1 || s.max_in_flight_per_stream() > 4096)
     return Bad("server.max_in_flight_per_stream", "must be in [1, 4096]");
+  if (!Finite(s.liveness_timeout_seconds()) || s.liveness_timeout_seconds() < 0)
+    return Bad("server.liveness_timeout_seconds", "must be >= 0 (0 disables)");
   if (s.max_evaluate_observations() < 1) return Bad("server.max_evaluate_observations", "must be >= 1");
   if (g.max_consecutive_trips() < 0) return Bad("guard.max_consecutive_trips", "must be >= 0");
   const auto& k = c.checkpoint();

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "spdlog/spdlog.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "clients/policy/network.h"
@@ -79,6 +80,7 @@ Learner::Learner(const v1::TrainerConfig& config, std::unique_ptr<Backend> backe
   absl::MutexLock lock(&mu_);
   status_.backend = backend_->name();
   status_.device = backend_->device();
+  status_.device_memory = backend_->device_memory();
   status_.steps = backend_->steps();
   status_.replay_size = backend_->replay_size();
   status_.replay_capacity = backend_->replay_capacity();
@@ -96,6 +98,13 @@ constexpr char kPolicyVersionFile[] = ".policy_version";
 
 double SecondsBetween(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+int64_t SteadyNanos() {
+  // Never 0 (0 marks "waiting" in busy_since_ns_).
+  return std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now().time_since_epoch())
+                                  .count());
 }
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {
@@ -226,8 +235,7 @@ void Learner::EnableCheckpoints(const std::string& root, SnapshotHook hook) {
   const std::string mark = root + "/" + kPolicyVersionFile;
   policy_version_fd_ = open(mark.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (policy_version_fd_ < 0) {
-    std::fprintf(stderr, "qstreamd: %s: %s (policy versions restart from the checkpoint's)\n", mark.c_str(),
-                 std::strerror(errno));
+    spdlog::warn("{}: {} (policy versions restart from the checkpoint's)", mark, std::strerror(errno));
   }
   absl::MutexLock lock(&mu_);
   status_.checkpoints_enabled = true;
@@ -239,7 +247,7 @@ absl::Status Learner::Restore(const CheckpointData& data) {
   std::vector<std::string> differences;
   if (absl::Status st = CheckCompatible(m.config(), config_, &differences); !st.ok()) return st;
   for (const std::string& d : differences)
-    std::fprintf(stderr, "qstreamd: restore: config differs: %s\n", d.c_str());
+    spdlog::warn("restore: config differs: {}", d);
   if (absl::Status st = backend_->LoadState(data.state, StateParts::kAll); !st.ok()) return st;
   const bool replay = data.state.has_replay;
   limiter_.Restore(replay ? m.rate_limiter().inserts() : 0, replay ? m.rate_limiter().samples() : 0);
@@ -355,7 +363,7 @@ void Learner::MaybeCheckpoint(int64_t steps) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!data.ok()) {
     checkpointer_->RecordSnapshotFailure(data.status());
-    std::fprintf(stderr, "qstreamd: checkpoint snapshot failed: %s\n", data.status().ToString().c_str());
+    spdlog::error("checkpoint snapshot failed: {}", data.status().ToString());
     {
       absl::MutexLock lock(&mu_);
       writing_checkpoint_ = false;
@@ -450,10 +458,8 @@ void Learner::HandleRepeatedTrips(const StepStats& stats, int64_t steps) {
   if (good != nullptr) {
     absl::Status st = backend_->LoadState(good->state, StateParts::kNetwork);
     if (st.ok()) {
-      std::fprintf(
-          stderr,
-          "qstreamd: guard: %lld consecutive tripped steps; rolled back to the network of step %lld\n",
-          static_cast<long long>(stats.consecutive_trips), static_cast<long long>(good->step));
+      spdlog::error("guard: {} consecutive tripped steps; rolled back to the network of step {}",
+                    stats.consecutive_trips, good->step);
       {
         absl::MutexLock lock(&mu_);
         rollback_step_ = steps;
@@ -464,7 +470,7 @@ void Learner::HandleRepeatedTrips(const StepStats& stats, int64_t steps) {
     }
     why = absl::StrCat("guard: rollback failed: ", st.ToString());
   }
-  std::fprintf(stderr, "qstreamd: learner halted: %s\n", why.c_str());
+  spdlog::error("learner halted: {}", why);
   {
     absl::MutexLock lock(&mu_);
     halted_ = true;
@@ -492,6 +498,12 @@ LearnerStatus Learner::status() const {
   s.rate_limiter_samples = limiter_.samples();
   if (checkpointer_ != nullptr) s.checkpoints = checkpointer_->stats();
   return s;
+}
+
+Learner::Progress Learner::progress() const {
+  const int64_t since = busy_since_ns_.load(std::memory_order_relaxed);
+  if (since == 0) return {};
+  return {.waiting = false, .busy_seconds = 1e-9 * static_cast<double>(std::max<int64_t>(0, SteadyNanos() - since))};
 }
 
 std::shared_ptr<const PolicySnapshot> Learner::policy() const {
@@ -550,7 +562,7 @@ void Learner::PublishVersion(int64_t version) {
     char buf[24];
     const int n = std::snprintf(buf, sizeof(buf), "%020lld\n", static_cast<long long>(version));
     if (pwrite(policy_version_fd_, buf, n, 0) != n) {
-      std::fprintf(stderr, "qstreamd: writing the policy version mark: %s\n", std::strerror(errno));
+      spdlog::warn("writing the policy version mark: {}", std::strerror(errno));
     }
   }
   {
@@ -654,6 +666,7 @@ void Learner::Run() {
   int64_t replay_size = backend_->replay_size();
 
   for (;;) {
+    busy_since_ns_.store(SteadyNanos(), std::memory_order_relaxed);
     MaybeCheckpoint(steps);
     std::deque<Pending> batches;
     bool stopping = false;
@@ -681,6 +694,7 @@ void Learner::Run() {
         refresh_before_waiting = steps != refreshed_at_step_;
         if (!refresh_before_waiting) {
           parked_ = true;
+          busy_since_ns_.store(0, std::memory_order_relaxed);
           if (timed_checkpoints) {
             mu_.AwaitWithDeadline(absl::Condition(&ready), next_checkpoint_time_);
             // A deadline passed during an inline insert: wait for it to end.
@@ -690,6 +704,7 @@ void Learner::Run() {
             mu_.Await(absl::Condition(&ready));
           }
           parked_ = false;
+          busy_since_ns_.store(SteadyNanos(), std::memory_order_relaxed);
           if (recheck_) {
             // An inline insert changed the replay and the limiter: decide again.
             recheck_ = false;
@@ -742,6 +757,7 @@ void Learner::Run() {
       status_.insert_blocked = false;
       stepping_ = false;
       running_ = false;
+      busy_since_ns_.store(0, std::memory_order_relaxed);
       return;
     }
 
@@ -773,7 +789,7 @@ void Learner::Run() {
     absl::Status s = backend_->Step();
     if (!s.ok()) {
       // A failing backend halts training (Resume retries) instead of spinning.
-      std::fprintf(stderr, "qstream learner: step failed, pausing: %s\n", s.ToString().c_str());
+      spdlog::error("learner step failed, pausing (Admin Resume retries): {}", s.ToString());
       absl::MutexLock lock(&mu_);
       paused_ = true;
       status_.last_error = s.ToString();

@@ -59,6 +59,7 @@ struct PolicySnapshot {
 struct LearnerStatus {
   std::string backend;
   std::string device;
+  DeviceMemory device_memory;
   int64_t steps = 0;
   int64_t replay_size = 0;
   int64_t replay_capacity = 0;
@@ -149,6 +150,16 @@ class Learner {
   void Resume();
 
   LearnerStatus status() const;
+
+  // Liveness without the learner's lock (readable while its thread is stuck
+  // inside the backend): whether the thread waits for work, and how long it
+  // has been in its current piece of work (an insert round, a step, a
+  // checkpoint snapshot) otherwise.
+  struct Progress {
+    bool waiting = true;
+    double busy_seconds = 0;
+  };
+  Progress progress() const;
   std::shared_ptr<const PolicySnapshot> policy() const;
   // Listener runs on the learner thread for every new snapshot; returns an id.
   int64_t AddPolicyListener(PolicyListener listener);
@@ -214,6 +225,9 @@ class Learner {
   std::atomic<int64_t> insert_rounds_{0};
   std::atomic<int64_t> insert_round_nanos_{0};
   std::atomic<int64_t> insert_round_budget_{0};
+  // steady_clock nanoseconds when the learner thread began its current piece
+  // of work; 0 while it waits for work (or is not running).
+  std::atomic<int64_t> busy_since_ns_{0};
   // Runs the insert callbacks off the learner thread.
   CallbackRunner callbacks_{CallbackRunner::DefaultThreads()};
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);

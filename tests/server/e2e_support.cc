@@ -1,5 +1,7 @@
 #include "tests/server/e2e_support.h"
 
+#include "clients/cpp/health_check.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -233,24 +235,9 @@ std::vector<std::string> MetricTypes(const std::string& text) {
   return names;
 }
 
-// grpc.health.v1.Health/Check for service "" through a generic stub (the
-// health proto's C++ stubs are not installed): the response is field 1,
-// the enum status, SERVING = 1.
 int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext context;
-  grpc::Slice empty_slice("");  // HealthCheckRequest{service: ""} is empty
-  grpc::ByteBuffer request(&empty_slice, 1);
-  grpc::ByteBuffer response;
-  std::promise<grpc::Status> done;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
-  if (!done.get_future().get().ok()) return -1;
-  grpc::Slice slice;
-  if (!response.DumpToSingleSlice(&slice).ok()) return -1;
-  const std::string bytes(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  if (bytes.empty()) return 0;  // UNKNOWN, the default, is not on the wire
-  return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
+  auto status = actor::CheckHealth(channel, "", absl::Seconds(10));
+  return status.ok() ? static_cast<int>(*status) : -1;
 }
 
 int ConnectLoopback(int port) {

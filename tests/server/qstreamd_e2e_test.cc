@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -18,10 +19,12 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "proto/tensor.h"
 #include "qstream/v1/admin.grpc.pb.h"
 #include "qstream/v1/experience.grpc.pb.h"
 #include "qstream/v1/policy.grpc.pb.h"
+#include "clients/cpp/health_check.h"
 #include "tests/server/e2e_support.h"
 
 namespace qstream {
@@ -208,7 +211,7 @@ const std::vector<std::string> kDesignMetrics = {"qstream_train_step_seconds",
                                                  "qstream_q_value",
                                                  "qstream_loss",
                                                  "qstream_grad_norm",
-                                                 "qstream_target_clip_fraction",
+                                                 "qstream_target_clip_ratio",
                                                  "qstream_guard_trips_total",
                                                  "qstream_guard_tripped",
                                                  "qstream_policy_version",
@@ -278,7 +281,7 @@ TEST(QstreamdE2E, TrainsFromStreamsAndExportsEveryMetric) {
   EXPECT_GT(m2.at("qstream_samples_per_insert"), 0);
   EXPECT_TRUE(m2.count("qstream_loss"));
   EXPECT_TRUE(m2.count("qstream_grad_norm"));
-  EXPECT_TRUE(m2.count("qstream_target_clip_fraction"));
+  EXPECT_TRUE(m2.count("qstream_target_clip_ratio"));
   EXPECT_TRUE(m2.count("qstream_guard_tripped"));
 
   nstep.Stop();
@@ -808,7 +811,8 @@ TEST(QstreamdE2E, PushesToPushgateway) {
   Streamer s(Channel(d), false);
   std::string page;
   deadline = absl::Now() + absl::Seconds(30);
-  const std::string key = R"(qstream_train_steps_total{instance="e2e-instance",job="qstream"})";
+  // Pushed under their own job, apart from the scrape job ("qstream").
+  const std::string key = R"(qstream_train_steps_total{instance="e2e-instance",job="qstream-push"})";
   while (absl::Now() < deadline) {
     page = HttpGet(port, "/metrics");
     const auto m = ParseMetrics(page);
@@ -818,7 +822,168 @@ TEST(QstreamdE2E, PushesToPushgateway) {
   const auto m = ParseMetrics(page);
   ASSERT_TRUE(m.count(key)) << page.substr(0, 4000);
   EXPECT_GT(m.at(key), 0);
-  EXPECT_TRUE(m.count(R"(qstream_replay_capacity{instance="e2e-instance",job="qstream"})"));
+  EXPECT_TRUE(m.count(R"(qstream_replay_capacity{instance="e2e-instance",job="qstream-push"})"));
+  EXPECT_FALSE(m.count(R"(qstream_train_steps_total{instance="e2e-instance",job="qstream"})"));
+}
+
+// Runs `promtool check metrics` on `page`; its exit code and output.
+std::pair<int, std::string> PromtoolCheckMetrics(const std::string& page) {
+  const std::string path = testing::WriteTempFile("exposition.txt", page);
+  auto p = testing::ChildProcess::Spawn({"/bin/sh", "-c", absl::StrCat("exec promtool check metrics < ", path)});
+  const auto code = p->Wait(absl::Seconds(60));
+  return {code.value_or(-1), p->output()};
+}
+
+void ResumeLearner(const std::shared_ptr<grpc::Channel>& channel) {
+  auto admin = v1::AdminService::NewStub(channel);
+  grpc::ClientContext context;
+  v1::ResumeResponse r;
+  ASSERT_TRUE(admin->Resume(&context, v1::ResumeRequest(), &r).ok());
+}
+
+// /metrics as Prometheus's own linter reads it, and the operational series
+// saying what they should: build, paused, serving, process, thresholds.
+TEST(QstreamdE2E, ExpositionPassesPromtoolAndTellsTheTruth) {
+  auto which = testing::ChildProcess::Spawn({"/bin/sh", "-c", "command -v promtool"});
+  ASSERT_EQ(which->Wait(absl::Seconds(30)), 0)
+      << "promtool not found: install Debian's `prometheus` package (deploy/install-deps.sh does)";
+  const std::string dir = testing::WriteTempFile("ckpt-marker", "") + ".d";
+  auto d = StartOrDie({"--start_paused", absl::StrCat("--checkpoint_dir=", dir)});
+  auto channel = Channel(d);
+  Streamer streamer(channel, false);
+  streamer.WaitForAcks(5);
+  absl::SleepFor(absl::Seconds(1));  // one metrics poll
+  std::string page = HttpGet(d.metrics_port, "/metrics");
+  ASSERT_FALSE(page.empty());
+  const auto [code, lint] = PromtoolCheckMetrics(page);
+  EXPECT_EQ(code, 0) << lint;
+  EXPECT_EQ(lint, "") << lint;
+
+  auto m = ParseMetrics(page);
+  EXPECT_EQ(m["qstream_paused"], 1);
+  EXPECT_EQ(m["qstream_serving"], 1);
+  EXPECT_EQ(m["qstream_replay_min_size"], 64);
+  EXPECT_EQ(m["qstream_checkpoint_interval_seconds"], 600);  // checkpoint.every_seconds' default
+  bool build_info = false;
+  for (const auto& [key, value] : m) {
+    if (absl::StartsWith(key, "qstream_build_info{") && absl::StrContains(key, "backend=\"cpu\"") &&
+        absl::StrContains(key, "version=\"") && absl::StrContains(key, "device=\"cpu")) {
+      build_info = value == 1;
+    }
+  }
+  EXPECT_TRUE(build_info) << page.substr(0, 3000);
+  EXPECT_GT(m["process_cpu_seconds_total"], 0);
+  EXPECT_GT(m["process_resident_memory_bytes"], 1 << 20);
+  EXPECT_GT(m["process_open_fds"], 3);
+  EXPECT_GT(m["process_max_fds"], m["process_open_fds"]);
+  EXPECT_NEAR(m["process_start_time_seconds"], absl::ToUnixSeconds(absl::Now()), 120);
+  EXPECT_EQ(m.count("qstream_gpu_memory_used_bytes"), 0u);  // CPU backend: no GPU series
+  EXPECT_EQ(m["qstream_train_steps_total"], 0);
+
+  ResumeLearner(channel);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  do {
+    absl::SleepFor(absl::Milliseconds(200));
+    m = ParseMetrics(HttpGet(d.metrics_port, "/metrics"));
+  } while ((m["qstream_paused"] != 0 || m["qstream_train_steps_total"] == 0) && absl::Now() < deadline);
+  EXPECT_EQ(m["qstream_paused"], 0);
+  EXPECT_GT(m["qstream_train_steps_total"], 0);
+  EXPECT_GT(m["qstream_train_step_seconds_count"], 0);
+  streamer.Stop();
+}
+
+// grpc.health.v1 through the qstream-healthcheck binary (Docker's
+// HEALTHCHECK): the whole server and the "liveness" service, on the
+// plaintext health port; an unknown service and a closed port fail.
+TEST(QstreamdE2E, HealthcheckBinaryAnswersFromTheHealthPort) {
+  const int health_port = FreePort();
+  auto d = StartOrDie({absl::StrCat("--health_listen=127.0.0.1:", health_port)});
+  const std::string bin = testing::BuildDir() + "/qstream-healthcheck";
+  const std::string target = absl::StrCat("127.0.0.1:", health_port);
+  auto run = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {bin};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto p = testing::ChildProcess::Spawn(argv);
+    const auto code = p->Wait(absl::Seconds(30));
+    return std::make_pair(code.value_or(-1), p->output());
+  };
+  auto [code, out] = run({target});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("SERVING"));
+  std::tie(code, out) = run({"--service=liveness", target});
+  EXPECT_EQ(code, 0) << out;
+  std::tie(code, out) = run({"--service=no.such.Service", target});
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_THAT(out, HasSubstr("NOT_FOUND"));
+  std::tie(code, out) = run({"--timeout=2s", absl::StrCat("127.0.0.1:", FreePort())});
+  EXPECT_EQ(code, 1) << out;
+  std::tie(code, out) = run({});
+  EXPECT_EQ(code, 2) << out;
+}
+
+// A learner halted by the guard: readiness ("" service) NOT_SERVING, liveness
+// still SERVING (a restart would not cure it), qstream_serving 0.
+TEST(QstreamdE2E, GuardHaltIsNotServingButLive) {
+  // Support 1..10 and |Q| <= 0.5: every step trips the Q-range check.
+  const std::string config = R"(
+network { obs_dim: 4 trunk_hidden: 32 head_hidden: 32 num_atoms: 11 v_min: 1 v_max: 10
+          branch_actions: 3 branch_actions: 2 }
+replay { capacity: 100000 batch_size: 32 }
+rate_limiter { min_size_to_sample: 64 samples_per_insert: 0 }
+returns { n_step: 3 gamma: 0.9 }
+server { stats_every: 1 max_message_bytes: 65536 }
+guard { max_abs_q: 0.5 max_consecutive_trips: 3 on_repeated_trips: HALT }
+)";
+  const int health_port = FreePort();
+  auto d = testing::StartCpuDaemonOrDie(config, {absl::StrCat("--health_listen=127.0.0.1:", health_port)});
+  auto channel = Channel(d);
+  auto health = grpc::CreateChannel(absl::StrCat("127.0.0.1:", health_port), grpc::InsecureChannelCredentials());
+  EXPECT_EQ(HealthStatus(health), 1);
+  Streamer streamer(channel, false);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (HealthStatus(health) == 1 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(HealthStatus(health), 2);
+  EXPECT_EQ(HealthStatus(channel), 2);
+  auto live = actor::CheckHealth(health, "liveness", absl::Seconds(10));
+  ASSERT_TRUE(live.ok()) << live.status();
+  EXPECT_EQ(*live, actor::ServingStatus::kServing);
+  EXPECT_TRUE(GetStatus(channel).halted());
+  absl::SleepFor(absl::Seconds(1));  // one metrics poll
+  auto m = ParseMetrics(HttpGet(d.metrics_port, "/metrics"));
+  EXPECT_EQ(m["qstream_serving"], 0);
+  EXPECT_EQ(m["qstream_learner_halted"], 1);
+  EXPECT_TRUE(d.process->WaitForLine("health: NOT_SERVING: the guard halted the learner", absl::Seconds(10)))
+      << d.process->output();
+  streamer.Stop();
+}
+
+// --log_format=json: every line the daemon writes is one JSON object with
+// time, level and msg, from the start-up line to the last one.
+TEST(QstreamdE2E, JsonLogLinesFromStartToExit) {
+  auto d = StartOrDie({"--log_format=json"});
+  d.process->Signal(SIGTERM);
+  const auto code = d.process->Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 0) << d.process->output();
+  int lines = 0;
+  bool listening = false, stopped = false;
+  for (absl::string_view line : absl::StrSplit(d.process->output(), '\n', absl::SkipEmpty())) {
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = nlohmann::json::parse(line)) << line;
+    ASSERT_TRUE(j.contains("time") && j.contains("level") && j.contains("msg")) << line;
+    const std::string msg = j["msg"];
+    listening |= absl::StrContains(msg, "listening grpc=");
+    stopped |= absl::StrContains(msg, "stopped after");
+    ++lines;
+  }
+  EXPECT_GE(lines, 3);
+  EXPECT_TRUE(listening) << d.process->output();
+  EXPECT_TRUE(stopped) << d.process->output();
+
+  // An unknown format is a usage error naming the flag.
+  std::string error;
+  EXPECT_FALSE(testing::StartDaemon({"--log_format=xml"}, &error).has_value());
+  EXPECT_THAT(error, HasSubstr("--log_format")) << error;
 }
 
 }  // namespace

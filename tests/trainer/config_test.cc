@@ -60,6 +60,7 @@ TEST(ConfigTest, ValidationErrorsNameTheField) {
       {"returns { n_step: 0 }", "returns.n_step"},
       {"returns { gamma: 1.1 }", "returns.gamma"},
       {"server { publish_every: 0 }", "server.publish_every"},
+      {"server { liveness_timeout_seconds: -1 }", "server.liveness_timeout_seconds"},
       {"optimizer { lr_end: -0.001 }", "optimizer.lr_end"},
       {"optimizer { lr_end: inf }", "optimizer.lr_end"},
       {"optimizer { lr_decay_steps: -1 }", "optimizer.lr_decay_steps"},

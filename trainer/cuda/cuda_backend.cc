@@ -88,6 +88,7 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return "cuda"; }
   std::string device() const override { return device_name_ + " [" + path_ + "]"; }
+  DeviceMemory device_memory() const override { return device_memory_; }
   const NetworkSpec& spec() const override { return spec_; }
 
   absl::Status Insert(const TransitionColumns& batch) override {
@@ -222,6 +223,7 @@ class CudaBackend final : public Backend {
   std::vector<int64_t> latest_trips_ ABSL_GUARDED_BY(mu_);
 
   // Step-time windows: event pairs around runs of graph replays.
+  DeviceMemory device_memory_;  // set by Init, then const
   cuda::StepTimes step_times_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -390,7 +392,13 @@ absl::Status CudaBackend::Init() {
   }
   QS_RETURN_IF_ERROR(warm);
   QS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-  return CaptureStep();
+  QS_RETURN_IF_ERROR(CaptureStep());
+  // Every allocation is made by now (none after the capture).
+  size_t free_bytes = 0, total_bytes = 0;
+  QS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  device_memory_ = {.used_bytes = static_cast<int64_t>(total_bytes - free_bytes),
+                    .total_bytes = static_cast<int64_t>(total_bytes)};
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::CaptureStep() {
@@ -691,10 +699,10 @@ absl::Status CudaBackend::Step() {
   step_queued_[slot] = true;
   ++steps_;
   step_times_.CountStep();
-  if (steps_ % stats_every_ == 0) {
-    QS_RETURN_IF_ERROR(EnqueueStatsCopy());
-    QS_RETURN_IF_ERROR(step_times_.Close());
-  }
+  // Every step is timed on its own (an event pair around its replay), so the
+  // step-time histogram holds each step, tail steps included.
+  QS_RETURN_IF_ERROR(step_times_.Close());
+  if (steps_ % stats_every_ == 0) QS_RETURN_IF_ERROR(EnqueueStatsCopy());
   return absl::OkStatus();
 }
 

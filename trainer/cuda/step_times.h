@@ -1,5 +1,6 @@
 // Step times of the CUDA backend without a host sync per step: CUDA event
-// pairs around runs of graph replays ("windows"), read when they are done.
+// pairs around runs of graph replays ("windows"; the backend closes one after
+// every replay, so each step is timed), read when they are done.
 // Not thread-safe: the backend calls it with its lock held.
 #pragma once
 
