@@ -24,12 +24,15 @@
 ARG CUDA_VERSION=12.8.1
 FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build
 ARG CMAKE_CUDA_ARCHITECTURES="90-real;90a-real;90-virtual"
+# .git is not in the build context: --build-arg QSTREAM_GIT_COMMIT=$(git rev-parse --short HEAD)
+# puts the commit into qstream_build_info and the start-up line.
+ARG QSTREAM_GIT_COMMIT=unknown
 ENV DEBIAN_FRONTEND=noninteractive QSTREAM_SKIP_PIP=1
 WORKDIR /src
 COPY deploy/install-deps.sh deploy/install-deps.sh
 RUN ./deploy/install-deps.sh && rm -rf /var/lib/apt/lists/*
 COPY . .
-RUN QSTREAM_CUDA=ON CMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES}" \
+RUN QSTREAM_CUDA=ON CMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES}" QSTREAM_GIT_COMMIT="${QSTREAM_GIT_COMMIT}" \
     ./deploy/build-image.sh --work /src/build-image --out /out
 
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04

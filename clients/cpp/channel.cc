@@ -98,6 +98,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const ChannelOption
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
+  // A name with several addresses (dns:/// of a headless Service) spreads the
+  // calls, and so the streams, over all of them; one address is unaffected.
+  args.SetLoadBalancingPolicyName("round_robin");
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (tls) {
     grpc::SslCredentialsOptions ssl;

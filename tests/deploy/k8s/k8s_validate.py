@@ -201,6 +201,13 @@ def check_learner(where, sts, overlay, errors):
     for p in ("startupProbe", "livenessProbe", "readinessProbe"):
         if probe_port(c.get(p)) != HEALTH_PORT:
             errors.append(f"{where}: {p} must be a gRPC probe of port {HEALTH_PORT}")
+    # Liveness asks the "liveness" service (a stuck learner), not the whole
+    # server: a guard halt or a restore must not restart the pod.
+    if ((c.get("livenessProbe") or {}).get("grpc") or {}).get("service") != "liveness":
+        errors.append(f"{where}: livenessProbe must check the gRPC health service 'liveness'")
+    for p in ("startupProbe", "readinessProbe"):
+        if ((c.get(p) or {}).get("grpc") or {}).get("service", "") != "":
+            errors.append(f"{where}: {p} must check the whole server (service '')")
     sp = c.get("startupProbe") or {}
     if sp.get("failureThreshold", 3) * sp.get("periodSeconds", 10) < 600:
         errors.append(f"{where}: startupProbe must allow at least 10 minutes for a restore")
@@ -259,6 +266,7 @@ def self_test(docs, version):
         "burstable": lambda s, c: c["resources"]["requests"].__setitem__("cpu", "1"),
         "root fs": lambda s, c: c["securityContext"].__setitem__("readOnlyRootFilesystem", False),
         "tcp liveness": lambda s, c: c.__setitem__("livenessProbe", {"tcpSocket": {"port": 50051}}),
+        "liveness on the whole server": lambda s, c: c["livenessProbe"]["grpc"].pop("service"),
         "no restore": lambda s, c: c["args"].remove("--restore=latest"),
         "emptyDir checkpoints": lambda s, c: s["spec"].pop("volumeClaimTemplates"),
         "unknown field": lambda s, c: c.__setitem__("imagePullPolicyy", "Always"),
