@@ -76,5 +76,7 @@ int RunDaemonConfig(int argc, char** argv);
 // `qstream-bench e2e --backend=cuda --config=h200 ...`: qstreamd as a child
 // process, load streams from this process, learner and ingest rates from /metrics.
 int RunE2eBench(int argc, char** argv);
+// `qstream-bench nstep`: server-side n-step assembly per transition (KIND_STEP).
+int RunNStepBench(int argc, char** argv);
 
 }  // namespace qstream::bench

@@ -19,8 +19,9 @@ void Usage(const char* argv0) {
       "       %s checkpoint [--config=h200] [--backend=auto|cpu|cuda] [--rows=1000000] [--dir=D]\n"
       "                  [--repeats=3]\n"
       "       %s load [flags]     (one client process of bench/ingest_compare.py; `%s load --help`)\n"
-      "       %s daemon_config [--config=h200] [--learner_batch=N]   (text TrainerConfig for qstreamd)\n",
-      argv0, argv0, argv0, argv0, argv0, argv0, argv0, argv0, argv0);
+      "       %s daemon_config [--config=h200] [--learner_batch=N]   (text TrainerConfig for qstreamd)\n"
+      "       %s nstep [--envs=1024] [--obs_dim=48] ...   (server-side n-step assembly per transition)\n",
+      argv0, argv0, argv0, argv0, argv0, argv0, argv0, argv0, argv0, argv0);
 }
 
 }  // namespace
@@ -39,6 +40,10 @@ int qstream::bench::RunE2eBench(int, char**) {
 }
 int qstream::bench::RunLoadClient(int, char**) {
   std::fprintf(stderr, "qstream-bench load: not built (needs the qstream_server library)\n");
+  return 2;
+}
+int qstream::bench::RunNStepBench(int, char**) {
+  std::fprintf(stderr, "qstream-bench nstep: not built (needs the qstream_server library)\n");
   return 2;
 }
 int qstream::bench::RunDaemonConfig(int, char**) {
@@ -60,6 +65,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(argv[1], "e2e") == 0) return qstream::bench::RunE2eBench(argc - 1, argv + 1);
   if (std::strcmp(argv[1], "load") == 0) return qstream::bench::RunLoadClient(argc - 1, argv + 1);
   if (std::strcmp(argv[1], "daemon_config") == 0) return qstream::bench::RunDaemonConfig(argc - 1, argv + 1);
+  if (std::strcmp(argv[1], "nstep") == 0) return qstream::bench::RunNStepBench(argc - 1, argv + 1);
   if (std::strcmp(argv[1], "checkpoint") == 0) return qstream::bench::RunCheckpointBench(argc - 1, argv + 1);
   std::fprintf(stderr, "qstream-bench: unknown subcommand '%s'\n", argv[1]);
   Usage(argv[0]);

@@ -1,6 +1,7 @@
 // HealthMonitor: the grpc.health.v1 status of qstreamd (README "Health").
 // SERVING once the learner runs; NOT_SERVING while restoring (before Start),
-// while the guard has halted the learner, while the learner thread has been
+// while the guard has halted the learner, after a failed backend step paused
+// it (until Resume), while the learner thread has been
 // in one piece of work for longer than server.liveness_timeout_seconds (a
 // hung device or a deadlock: it reads Learner::progress(), which takes no
 // lock), and after Stop (shutdown). A paused learner, or one waiting for

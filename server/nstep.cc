@@ -22,12 +22,18 @@ int64_t NStepAssembler::Pending(const NStepWindows& windows) {
   return total;
 }
 
+std::vector<uint32_t> NStepAssembler::SortedIds(const NStepWindows& windows) {
+  std::vector<uint32_t> ids;
+  ids.reserve(windows.size());
+  for (const auto& [id, w] : windows) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
 NStepWindow NStepAssembler::EmptyWindow() const {
   NStepWindow w;
-  w.obs.resize(static_cast<size_t>(n_) * obs_dim_);
+  w.values.resize(static_cast<size_t>(n_) * obs_dim_ + n_ + obs_dim_);
   w.actions.resize(static_cast<size_t>(n_) * branches_);
-  w.rewards.resize(n_);
-  w.last_next_obs.resize(obs_dim_);
   return w;
 }
 
@@ -42,27 +48,30 @@ NStepWindow& NStepAssembler::Touch(uint32_t env_id, const NStepWindows& committe
 void NStepAssembler::Push(NStepWindow& w, const float* obs, const int32_t* actions, float reward,
                           const float* next_obs) const {
   const int slot = (w.head + w.size) % n_;
-  std::copy(obs, obs + obs_dim_, w.obs.begin() + static_cast<size_t>(slot) * obs_dim_);
+  std::copy(obs, obs + obs_dim_, this->obs(w, slot));
   std::copy(actions, actions + branches_, w.actions.begin() + static_cast<size_t>(slot) * branches_);
-  w.rewards[slot] = reward;
-  std::copy(next_obs, next_obs + obs_dim_, w.last_next_obs.begin());
+  rewards(w)[slot] = reward;
+  std::copy(next_obs, next_obs + obs_dim_, last_next_obs(w));
   ++w.size;
 }
 
 void NStepAssembler::Emit(const NStepWindow& w, int offset, bool terminal, TransitionColumns* out) const {
   double ret = 0;
   double discount = 1;
+  const float* r = rewards(w);
   for (int k = offset; k < w.size; ++k) {
-    ret += discount * w.rewards[(w.head + k) % n_];
+    ret += discount * r[(w.head + k) % n_];
     discount *= gamma_;
   }
-  const size_t slot = static_cast<size_t>((w.head + offset) % n_);
-  out->obs.insert(out->obs.end(), w.obs.begin() + slot * obs_dim_, w.obs.begin() + (slot + 1) * obs_dim_);
-  out->actions.insert(out->actions.end(), w.actions.begin() + slot * branches_,
-                      w.actions.begin() + (slot + 1) * branches_);
+  const int slot = (w.head + offset) % n_;
+  const float* o = obs(w, slot);
+  out->obs.insert(out->obs.end(), o, o + obs_dim_);
+  out->actions.insert(out->actions.end(), w.actions.begin() + static_cast<size_t>(slot) * branches_,
+                      w.actions.begin() + static_cast<size_t>(slot + 1) * branches_);
   out->rewards.push_back(static_cast<float>(ret));
   out->discounts.push_back(terminal ? 0.0f : static_cast<float>(discount));
-  out->next_obs.insert(out->next_obs.end(), w.last_next_obs.begin(), w.last_next_obs.end());
+  const float* next = last_next_obs(w);
+  out->next_obs.insert(out->next_obs.end(), next, next + obs_dim_);
   ++out->n;
 }
 
@@ -116,7 +125,7 @@ std::optional<BatchError> NStepAssembler::Add(const IncomingBatch& batch, const 
 
 void NStepAssembler::Flush(const NStepWindows& windows, TransitionColumns* out) const {
   out->Reserve(out->n + Pending(windows));
-  for (const auto& [id, w] : windows) EmitAll(w, /*terminal=*/false, out);
+  for (uint32_t id : SortedIds(windows)) EmitAll(windows.at(id), /*terminal=*/false, out);
 }
 
 int64_t NStepAssembler::Commit(NStepWindows* delta, NStepWindows* committed) {
@@ -125,8 +134,13 @@ int64_t NStepAssembler::Commit(NStepWindows* delta, NStepWindows* committed) {
     if (w.size == 0) {
       gained -= static_cast<int64_t>(committed->erase(id));
     } else {
-      auto [it, inserted] = committed->insert_or_assign(id, std::move(w));
-      gained += inserted ? 1 : 0;
+      auto it = committed->find(id);
+      if (it != committed->end()) {
+        it->second = w;  // copy-assignment into the buffers already there: no allocation, no free
+      } else {
+        committed->emplace(id, std::move(w));
+        ++gained;
+      }
     }
   }
   delta->clear();
@@ -158,29 +172,33 @@ int64_t NStepAssembler::Opened(const NStepWindows& delta, const NStepWindows& co
 }
 
 int64_t NStepAssembler::window_bytes() const {
-  // Four vectors, each with a malloc header and rounding (~16 bytes), and a
-  // std::map node (three pointers, colour, key) around the window struct.
+  // Two vectors, each with a malloc header and rounding (~16 bytes), and the
+  // window's hash-map slot (key and struct) at the table's lowest load (7/16)
+  // plus its control byte.
   constexpr int64_t kPerAllocation = 16;
-  constexpr int64_t kMapNode = 4 * sizeof(void*);
   const int64_t columns = (static_cast<int64_t>(n_) * obs_dim_ + obs_dim_ + n_) * sizeof(float) +
                           static_cast<int64_t>(n_) * branches_ * sizeof(int32_t);
-  return columns + 4 * kPerAllocation + kMapNode + kPerAllocation + static_cast<int64_t>(sizeof(NStepWindow));
+  const int64_t slot = static_cast<int64_t>(sizeof(std::pair<const uint32_t, NStepWindow>));
+  return columns + 2 * kPerAllocation + (slot * 16 + 6) / 7 + 1;
 }
 
 void NStepAssembler::Save(const NStepWindows& windows,
                           google::protobuf::RepeatedPtrField<v1::NStepWindowState>* out) const {
-  for (const auto& [id, w] : windows) {
+  for (uint32_t id : SortedIds(windows)) {
+    const NStepWindow& w = windows.at(id);
     if (w.size == 0) continue;
     v1::NStepWindowState* s = out->Add();
     s->set_env_id(id);
     for (int k = 0; k < w.size; ++k) {
-      const size_t slot = static_cast<size_t>((w.head + k) % n_);
-      s->mutable_obs()->Add(w.obs.begin() + slot * obs_dim_, w.obs.begin() + (slot + 1) * obs_dim_);
-      s->mutable_actions()->Add(w.actions.begin() + slot * branches_,
-                                w.actions.begin() + (slot + 1) * branches_);
-      s->add_rewards(w.rewards[slot]);
+      const int slot = (w.head + k) % n_;
+      const float* o = obs(w, slot);
+      s->mutable_obs()->Add(o, o + obs_dim_);
+      s->mutable_actions()->Add(w.actions.begin() + static_cast<size_t>(slot) * branches_,
+                                w.actions.begin() + static_cast<size_t>(slot + 1) * branches_);
+      s->add_rewards(rewards(w)[slot]);
     }
-    s->mutable_last_next_obs()->Add(w.last_next_obs.begin(), w.last_next_obs.end());
+    const float* next = last_next_obs(w);
+    s->mutable_last_next_obs()->Add(next, next + obs_dim_);
   }
 }
 
@@ -217,10 +235,10 @@ absl::Status NStepAssembler::Load(const google::protobuf::RepeatedPtrField<v1::N
       }
     }
     NStepWindow w = EmptyWindow();
-    std::copy(s.obs().begin(), s.obs().end(), w.obs.begin());
+    std::copy(s.obs().begin(), s.obs().end(), obs(w, 0));
     std::copy(s.actions().begin(), s.actions().end(), w.actions.begin());
-    std::copy(s.rewards().begin(), s.rewards().end(), w.rewards.begin());
-    std::copy(s.last_next_obs().begin(), s.last_next_obs().end(), w.last_next_obs.begin());
+    std::copy(s.rewards().begin(), s.rewards().end(), rewards(w));
+    std::copy(s.last_next_obs().begin(), s.last_next_obs().end(), last_next_obs(w));
     w.size = size;
     if (!windows.emplace(s.env_id(), std::move(w)).second) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": env_id appears twice"));

@@ -17,10 +17,10 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "google/protobuf/repeated_ptr_field.h"
 #include "qstream/v1/checkpoint.pb.h"
@@ -33,18 +33,21 @@ namespace qstream {
 
 // Ring of at most n steps: obs, actions and rewards per step, plus the
 // next_obs of the newest step (the bootstrap state of every item in it).
+// Two allocations per window (a window is copied per batch that touches it,
+// so their number is the assembly's cost at many envs per message):
+// `values` = n x obs_dim obs | n rewards | obs_dim last_next_obs.
 struct NStepWindow {
-  std::vector<float> obs;        // n x obs_dim
+  std::vector<float> values;
   std::vector<int32_t> actions;  // n x num_branches
-  std::vector<float> rewards;    // n
-  std::vector<float> last_next_obs;
   int head = 0;
   int size = 0;
 };
 
-// A session's windows by env_id; ordered, so flushes and checkpoints are
-// deterministic. Only windows holding steps are kept once committed.
-using NStepWindows = std::map<uint32_t, NStepWindow>;
+// A session's windows by env_id (a hash map: one lookup per row of a batch).
+// Its iteration order is arbitrary: Flush and Save go by ascending env_id,
+// so flushes and checkpoints are deterministic. Only windows holding steps
+// are kept once committed. A reference into it is valid until the next insert.
+using NStepWindows = absl::flat_hash_map<uint32_t, NStepWindow>;
 
 class NStepAssembler {
  public:
@@ -95,6 +98,17 @@ class NStepAssembler {
 
  private:
   NStepWindow EmptyWindow() const;
+  // The env_ids of `windows`, ascending.
+  static std::vector<uint32_t> SortedIds(const NStepWindows& windows);
+  // Views into a window's `values` (layout above).
+  float* obs(NStepWindow& w, int slot) const { return w.values.data() + static_cast<size_t>(slot) * obs_dim_; }
+  const float* obs(const NStepWindow& w, int slot) const {
+    return w.values.data() + static_cast<size_t>(slot) * obs_dim_;
+  }
+  float* rewards(NStepWindow& w) const { return w.values.data() + static_cast<size_t>(n_) * obs_dim_; }
+  const float* rewards(const NStepWindow& w) const { return w.values.data() + static_cast<size_t>(n_) * obs_dim_; }
+  float* last_next_obs(NStepWindow& w) const { return rewards(w) + n_; }
+  const float* last_next_obs(const NStepWindow& w) const { return rewards(w) + n_; }
   // The window of `env_id` in `delta`, copied from `committed` first.
   NStepWindow& Touch(uint32_t env_id, const NStepWindows& committed, NStepWindows* delta) const;
   void Push(NStepWindow& w, const float* obs, const int32_t* actions, float reward,

@@ -214,6 +214,7 @@ void Learner::Resume() {
   {
     absl::MutexLock lock(&mu_);
     paused_ = false;
+    step_failed_.store(false, std::memory_order_relaxed);
     recheck_ = true;  // inline inserts while paused may have made sampling possible
     was_halted = halted_;
     halted_ = false;
@@ -502,8 +503,11 @@ LearnerStatus Learner::status() const {
 
 Learner::Progress Learner::progress() const {
   const int64_t since = busy_since_ns_.load(std::memory_order_relaxed);
-  if (since == 0) return {};
-  return {.waiting = false, .busy_seconds = 1e-9 * static_cast<double>(std::max<int64_t>(0, SteadyNanos() - since))};
+  const bool failed = step_failed_.load(std::memory_order_relaxed);
+  if (since == 0) return {.waiting = true, .busy_seconds = 0, .step_failed = failed};
+  return {.waiting = false,
+          .busy_seconds = 1e-9 * static_cast<double>(std::max<int64_t>(0, SteadyNanos() - since)),
+          .step_failed = failed};
 }
 
 std::shared_ptr<const PolicySnapshot> Learner::policy() const {
@@ -793,6 +797,7 @@ void Learner::Run() {
       absl::MutexLock lock(&mu_);
       paused_ = true;
       status_.last_error = s.ToString();
+      step_failed_.store(true, std::memory_order_relaxed);
       continue;
     }
     limiter_.Sampled(batch_size);

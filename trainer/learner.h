@@ -158,6 +158,8 @@ class Learner {
   struct Progress {
     bool waiting = true;
     double busy_seconds = 0;
+    // A backend step failed and paused the learner (until Resume).
+    bool step_failed = false;
   };
   Progress progress() const;
   std::shared_ptr<const PolicySnapshot> policy() const;
@@ -228,6 +230,7 @@ class Learner {
   // steady_clock nanoseconds when the learner thread began its current piece
   // of work; 0 while it waits for work (or is not running).
   std::atomic<int64_t> busy_since_ns_{0};
+  std::atomic<bool> step_failed_{false};
   // Runs the insert callbacks off the learner thread.
   CallbackRunner callbacks_{CallbackRunner::DefaultThreads()};
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);

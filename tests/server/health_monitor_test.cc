@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/trainer/forwarding_backend.h"
 #include "trainer/backends/backend_factory.h"
 #include "trainer/config.h"
 
@@ -43,58 +44,50 @@ TEST(EvaluateHealth, FollowsTheRule) {
   EXPECT_TRUE(EvaluateHealth(in).live);  // a restart would not cure a guard halt
   EXPECT_NE(EvaluateHealth(in).reason.find("guard"), std::string::npos);
   in.halted = false;
+  in.progress.step_failed = true;
+  EXPECT_FALSE(EvaluateHealth(in).serving);
+  EXPECT_TRUE(EvaluateHealth(in).live);
+  EXPECT_NE(EvaluateHealth(in).reason.find("step failed"), std::string::npos);
+  in.progress.step_failed = false;
   in.stopped = true;
   EXPECT_FALSE(EvaluateHealth(in).serving);
   EXPECT_FALSE(EvaluateHealth(in).live);
 }
 
-// The CPU backend, whose Step() blocks while `hang` is set.
-class HangingBackend : public Backend {
+// The CPU backend, whose Step() blocks while `hang` is set and fails while
+// `fail` is.
+class HangingBackend : public testing::ForwardingBackend {
  public:
-  explicit HangingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  using ForwardingBackend::ForwardingBackend;
 
   void SetHang(bool hang) {
     absl::MutexLock lock(&mu_);
     hang_ = hang;
   }
+  void SetFail(bool fail) {
+    absl::MutexLock lock(&mu_);
+    fail_ = fail;
+  }
   bool Hanging() {
     absl::MutexLock lock(&mu_);
     return in_hang_;
   }
-
-  std::string name() const override { return inner_->name(); }
-  std::string device() const override { return inner_->device(); }
-  const NetworkSpec& spec() const override { return inner_->spec(); }
-  absl::Status Insert(const TransitionColumns& batch) override { return inner_->Insert(batch); }
-  int64_t replay_size() const override { return inner_->replay_size(); }
-  int64_t replay_capacity() const override { return inner_->replay_capacity(); }
   absl::Status Step() override {
     {
       absl::MutexLock lock(&mu_);
       in_hang_ = hang_;
       mu_.Await(absl::Condition(+[](bool* hang) { return !*hang; }, &hang_));
       in_hang_ = false;
+      if (fail_) return absl::InternalError("injected device fault");
     }
-    return inner_->Step();
-  }
-  int64_t steps() const override { return inner_->steps(); }
-  StepStats last_stats() override { return inner_->last_stats(); }
-  std::vector<int64_t> guard_trips() override { return inner_->guard_trips(); }
-  void DrainStepTimes(std::vector<std::pair<double, int64_t>>* out) override { inner_->DrainStepTimes(out); }
-  std::vector<float> GetParams() override { return inner_->GetParams(); }
-  absl::Status SetParams(const std::vector<float>& params) override { return inner_->SetParams(params); }
-  absl::Status SaveState(bool include_replay, BackendState* out) override {
-    return inner_->SaveState(include_replay, out);
-  }
-  absl::Status LoadState(const BackendState& state, StateParts parts) override {
-    return inner_->LoadState(state, parts);
+    return ForwardingBackend::Step();
   }
 
  private:
-  std::unique_ptr<Backend> inner_;
   absl::Mutex mu_;
   bool hang_ ABSL_GUARDED_BY(mu_) = false;
   bool in_hang_ ABSL_GUARDED_BY(mu_) = false;
+  bool fail_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 v1::TrainerConfig SmallConfig() {
@@ -185,6 +178,16 @@ TEST(HealthMonitor, NotServingWhileTheLearnerHangsAndBackOnceItMovesOn) {
   ASSERT_TRUE(Eventually([&] { return (*learner)->status().steps > 3; }, absl::Seconds(10)));
   EXPECT_TRUE(monitor.serving());
 
+  // A failed step pauses the learner: not serving (but live) until Resume.
+  backend->SetFail(true);
+  ASSERT_TRUE(Eventually([&] { return !monitor.serving(); }, absl::Seconds(10)));
+  EXPECT_TRUE(monitor.live());
+  EXPECT_NE(monitor.reason().find("step failed"), std::string::npos) << monitor.reason();
+  EXPECT_TRUE((*learner)->status().paused);
+  backend->SetFail(false);
+  (*learner)->Resume();
+  ASSERT_TRUE(Eventually([&] { return monitor.serving(); }, absl::Seconds(10))) << monitor.reason();
+
   // A guard halt (as the learner's halt listener reports it), then shutdown.
   monitor.SetHalted(true);
   EXPECT_FALSE(monitor.serving());
@@ -197,9 +200,11 @@ TEST(HealthMonitor, NotServingWhileTheLearnerHangsAndBackOnceItMovesOn) {
   EXPECT_EQ(acked.load(), 1);
 
   absl::MutexLock lock(&reported_mu);
-  // start, stuck, moving, halted, resumed, stopped: each change once, in order.
-  const std::vector<std::pair<bool, bool>> expected = {
-      {true, true}, {false, false}, {true, true}, {false, true}, {true, true}, {false, false}};
+  // start, stuck, moving, failed, resumed, halted, resumed, stopped: each
+  // change once, in order.
+  const std::vector<std::pair<bool, bool>> expected = {{true, true},  {false, false}, {true, true},
+                                                       {false, true}, {true, true},   {false, true},
+                                                       {true, true},  {false, false}};
   EXPECT_EQ(reported, expected);
 }
 

@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
+#include "tests/trainer/forwarding_backend.h"
 #include "trainer/cpu/cpu_backend.h"
 
 namespace qstream {
@@ -51,15 +52,12 @@ struct InsertLog {
   }
 };
 
-class RecordingBackend final : public Backend {
+class RecordingBackend final : public testing::ForwardingBackend {
  public:
   RecordingBackend(std::unique_ptr<Backend> inner, std::shared_ptr<InsertLog> log)
-      : inner_(std::move(inner)), log_(std::move(log)) {}
-  std::string name() const override { return inner_->name(); }
-  std::string device() const override { return inner_->device(); }
-  const NetworkSpec& spec() const override { return inner_->spec(); }
+      : ForwardingBackend(std::move(inner)), log_(std::move(log)) {}
   absl::Status Insert(const TransitionColumns& batch) override {
-    absl::Status st = inner_->Insert(batch);
+    absl::Status st = ForwardingBackend::Insert(batch);
     if (st.ok()) {
       absl::MutexLock lock(&log_->mu);
       for (int64_t i = 0; i < batch.n; ++i) {
@@ -69,24 +67,8 @@ class RecordingBackend final : public Backend {
     }
     return st;
   }
-  int64_t replay_size() const override { return inner_->replay_size(); }
-  int64_t replay_capacity() const override { return inner_->replay_capacity(); }
-  absl::Status Step() override { return inner_->Step(); }
-  int64_t steps() const override { return inner_->steps(); }
-  StepStats last_stats() override { return inner_->last_stats(); }
-  std::vector<int64_t> guard_trips() override { return inner_->guard_trips(); }
-  void DrainStepTimes(std::vector<std::pair<double, int64_t>>* out) override { inner_->DrainStepTimes(out); }
-  std::vector<float> GetParams() override { return inner_->GetParams(); }
-  absl::Status SetParams(const std::vector<float>& params) override { return inner_->SetParams(params); }
-  absl::Status SaveState(bool include_replay, BackendState* out) override {
-    return inner_->SaveState(include_replay, out);
-  }
-  absl::Status LoadState(const BackendState& state, StateParts parts) override {
-    return inner_->LoadState(state, parts);
-  }
 
  private:
-  std::unique_ptr<Backend> inner_;
   std::shared_ptr<InsertLog> log_;
 };
 

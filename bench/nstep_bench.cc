@@ -1,0 +1,134 @@
+// `qstream-bench nstep`: what the daemon's server-side n-step assembly costs
+// per transition for KIND_STEP batches (a vector env of --envs envs sending
+// one step each per message), as an ingest session runs it: Add against the
+// issued windows, Apply to them, Commit to the committed windows at delivery.
+// One JSON line, the median of --repeats timings of --batches batches.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "bench/bench.h"
+#include "nlohmann/json.hpp"
+#include "qstream/version.h"
+#include "server/nstep.h"
+#include "trainer/network_spec.h"
+
+namespace qstream::bench {
+namespace {
+
+struct Flags {
+  int envs = 1024;
+  int obs_dim = 48;
+  int branches = 4;
+  int n_step = 3;
+  int episode_length = 200;
+  int batches = 2000;
+  int repeats = 5;
+};
+
+absl::Status Parse(int argc, char** argv, Flags* f) {
+  return ParseFlagArgs(argc, argv, [f](const std::string& name, const std::string& value) {
+    int* target = name == "envs"             ? &f->envs
+                  : name == "obs_dim"        ? &f->obs_dim
+                  : name == "branches"       ? &f->branches
+                  : name == "n_step"         ? &f->n_step
+                  : name == "episode_length" ? &f->episode_length
+                  : name == "batches"        ? &f->batches
+                  : name == "repeats"        ? &f->repeats
+                                             : nullptr;
+    if (target == nullptr) return FlagValue::kUnknown;
+    return absl::SimpleAtoi(value, target) && *target > 0 ? FlagValue::kOk : FlagValue::kBad;
+  });
+}
+
+void Usage() {
+  std::fprintf(stderr,
+               "usage: qstream-bench nstep [--envs=1024] [--obs_dim=48] [--branches=4] [--n_step=3]\n"
+               "                           [--episode_length=200] [--batches=2000] [--repeats=5]\n");
+}
+
+absl::Status Run(const Flags& f) {
+  v1::NetworkConfig net;
+  net.set_obs_dim(f.obs_dim);
+  net.add_trunk_hidden(8);
+  net.set_head_hidden(8);
+  for (int b = 0; b < f.branches; ++b) net.add_branch_actions(4);
+  auto spec = NetworkSpec::Create(net);
+  if (!spec.ok()) return spec.status();
+  const NStepAssembler assembler(*spec, f.n_step, 0.99f, f.envs);
+
+  // One message: every env one step; episodes end every episode_length steps,
+  // staggered over the envs.
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  auto make_batch = [&](int64_t t) {
+    IncomingBatch b;
+    b.kind = v1::TransitionBatch::KIND_STEP;
+    TransitionColumns& c = b.columns;
+    c.n = f.envs;
+    c.obs_dim = f.obs_dim;
+    c.num_branches = f.branches;
+    for (int e = 0; e < f.envs; ++e) {
+      for (int d = 0; d < f.obs_dim; ++d) {
+        c.obs.push_back(normal(rng));
+        c.next_obs.push_back(normal(rng));
+      }
+      for (int br = 0; br < f.branches; ++br) c.actions.push_back(static_cast<int32_t>(rng() % 4));
+      c.rewards.push_back(normal(rng));
+      b.env_ids.push_back(static_cast<uint32_t>(e));
+      b.done.push_back((t + e) % f.episode_length == f.episode_length - 1 ? 1 : 0);
+    }
+    return b;
+  };
+  std::vector<IncomingBatch> batches;
+  for (int i = 0; i < 16; ++i) batches.push_back(make_batch(i));
+
+  std::vector<double> ns_per_transition;
+  int64_t emitted = 0;
+  for (int r = 0; r < f.repeats; ++r) {
+    NStepWindows committed, issued;
+    TransitionColumns out;
+    out.obs_dim = f.obs_dim;
+    out.num_branches = f.branches;
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < f.batches; ++i) {
+      NStepWindows delta;
+      out.n = 0;
+      out.obs.clear();
+      out.next_obs.clear();
+      out.actions.clear();
+      out.rewards.clear();
+      out.discounts.clear();
+      if (auto error = assembler.Add(batches[i % batches.size()], issued, &delta, &out)) {
+        return absl::InternalError(error->message);
+      }
+      NStepAssembler::Apply(delta, &issued);
+      NStepAssembler::Commit(&delta, &committed);
+      emitted += out.n;
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ns_per_transition.push_back(seconds * 1e9 / (static_cast<double>(f.batches) * f.envs));
+  }
+  std::sort(ns_per_transition.begin(), ns_per_transition.end());
+  const double median = ns_per_transition[ns_per_transition.size() / 2];
+  nlohmann::json j = {{"bench", "nstep"},       {"commit", QSTREAM_GIT_COMMIT},
+                      {"envs", f.envs},         {"obs_dim", f.obs_dim},
+                      {"branches", f.branches}, {"n_step", f.n_step},
+                      {"batches", f.batches},   {"repeats", f.repeats},
+                      {"ns_per_transition_median", median},
+                      {"ns_per_transition_min", ns_per_transition.front()},
+                      {"transitions_per_second", 1e9 / median},
+                      {"emitted", emitted}};
+  std::printf("%s\n", j.dump().c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunNStepBench(int argc, char** argv) { return RunSubcommand("nstep", argc, argv, &Parse, &Usage, &Run); }
+
+}  // namespace qstream::bench
