@@ -84,8 +84,10 @@ absl::Status Run(const Flags& f) {
     }
     return b;
   };
+  constexpr int kDistinctBatches = 16;
   std::vector<IncomingBatch> batches;
-  for (int i = 0; i < 16; ++i) batches.push_back(make_batch(i));
+  batches.reserve(kDistinctBatches);
+  for (int i = 0; i < kDistinctBatches; ++i) batches.push_back(make_batch(i));
 
   std::vector<double> ns_per_transition;
   int64_t emitted = 0;
@@ -115,10 +117,14 @@ absl::Status Run(const Flags& f) {
   }
   std::sort(ns_per_transition.begin(), ns_per_transition.end());
   const double median = ns_per_transition[ns_per_transition.size() / 2];
-  nlohmann::json j = {{"bench", "nstep"},       {"commit", QSTREAM_GIT_COMMIT},
-                      {"envs", f.envs},         {"obs_dim", f.obs_dim},
-                      {"branches", f.branches}, {"n_step", f.n_step},
-                      {"batches", f.batches},   {"repeats", f.repeats},
+  nlohmann::json j = {{"bench", "nstep"},
+                      {"commit", QSTREAM_GIT_COMMIT},
+                      {"envs", f.envs},
+                      {"obs_dim", f.obs_dim},
+                      {"branches", f.branches},
+                      {"n_step", f.n_step},
+                      {"batches", f.batches},
+                      {"repeats", f.repeats},
                       {"ns_per_transition_median", median},
                       {"ns_per_transition_min", ns_per_transition.front()},
                       {"transitions_per_second", 1e9 / median},

@@ -25,7 +25,9 @@ class JsonMessageFlag final : public spdlog::custom_flag_formatter {
                                    .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     dest.append(quoted.data(), quoted.data() + quoted.size());
   }
-  std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<JsonMessageFlag>(); }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<JsonMessageFlag>();
+  }
 };
 
 std::unique_ptr<spdlog::formatter> MakeFormatter(bool json) {
@@ -61,7 +63,8 @@ absl::Status InitLogging(absl::string_view format, absl::string_view level) {
   return absl::OkStatus();
 }
 
-std::string FormatLogLineForTest(absl::string_view format, absl::string_view level, absl::string_view message) {
+std::string FormatLogLineForTest(absl::string_view format, absl::string_view level,
+                                 absl::string_view message) {
   const auto f = MakeFormatter(format == "json");
   const spdlog::details::log_msg msg("qstreamd", spdlog::level::from_str(std::string(level)),
                                      spdlog::string_view_t(message.data(), message.size()));

@@ -1,6 +1,6 @@
 // Levelled, timestamped log lines for qstreamd (spdlog). Every line goes to
 // stderr as either text
-//   2026-12-05T06:40:00.123456Z I qstreamd: listening grpc=... 
+//   2026-12-05T06:40:00.123456Z I qstreamd: listening grpc=...
 // or one JSON object per line (--log_format=json)
 //   {"time":"2026-12-05T06:40:00.123456Z","level":"info","msg":"listening grpc=..."}
 // with the message JSON-escaped. Times are UTC. Call sites use spdlog's
@@ -22,6 +22,7 @@ absl::Status InitLogging(absl::string_view format, absl::string_view level = "in
 
 // One formatted line without the trailing newline, as InitLogging's sink would
 // write it (for tests): `level` as spdlog names it.
-std::string FormatLogLineForTest(absl::string_view format, absl::string_view level, absl::string_view message);
+std::string FormatLogLineForTest(absl::string_view format, absl::string_view level,
+                                 absl::string_view message);
 
 }  // namespace qstream

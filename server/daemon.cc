@@ -7,16 +7,16 @@
 #include <utility>
 #include <vector>
 
-#include "spdlog/spdlog.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
+#include "qstream/version.h"
+#include "spdlog/spdlog.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
-#include "qstream/version.h"
 
 namespace qstream {
 
@@ -145,9 +145,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
   }
   Daemon* raw = d.get();
-  d->health_ = std::make_unique<HealthMonitor>(d->learner_.get(), options.config.server().liveness_timeout_seconds(),
-                                               options.health_check_period,
-                                               [raw](bool serving, bool live) { raw->SetServing(serving, live); });
+  d->health_ = std::make_unique<HealthMonitor>(
+      d->learner_.get(), options.config.server().liveness_timeout_seconds(), options.health_check_period,
+      [raw](bool serving, bool live) { raw->SetServing(serving, live); });
   d->metrics_->SetServingSource([raw] { return raw->health_->serving(); });
   d->learner_->SetHaltListener([raw](bool halted) { raw->health_->SetHalted(halted); });
   if (options.start_paused) d->learner_->Pause();
@@ -244,9 +244,10 @@ absl::Status Daemon::Restore() {
   }
   restored_from_ = dir;
   const LearnerStatus s = learner_->status();
-  spdlog::info("restored {}: learner step {}, policy v{}, replay {} transitions, {} ingest sessions, in {:.2f} s", dir,
-               s.steps, s.policy_version, s.replay_size, data->manifest.ingest().sessions_size(),
-               absl::ToDoubleSeconds(absl::Now() - start));
+  spdlog::info(
+      "restored {}: learner step {}, policy v{}, replay {} transitions, {} ingest sessions, in {:.2f} s", dir,
+      s.steps, s.policy_version, s.replay_size, data->manifest.ingest().sessions_size(),
+      absl::ToDoubleSeconds(absl::Now() - start));
   return absl::OkStatus();
 }
 

@@ -20,7 +20,8 @@ HealthVerdict EvaluateHealth(const HealthInputs& in) {
   if (!in.started) return {false, true, "restoring or starting"};
   if (in.halted) return {false, true, "the guard halted the learner (Admin Resume clears it)"};
   if (in.progress.step_failed) {
-    return {false, true, "a learner step failed and paused the learner (Admin Status: last_error; Resume retries)"};
+    return {false, true,
+            "a learner step failed and paused the learner (Admin Status: last_error; Resume retries)"};
   }
   return {true, true, ""};
 }

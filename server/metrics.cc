@@ -11,17 +11,17 @@
 #include <optional>
 #include <system_error>
 
-#include "qstream/version.h"
-#include "server/process_stats.h"
-#include "spdlog/spdlog.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "openssl/crypto.h"
+#include "qstream/version.h"
+#include "server/process_stats.h"
 #include "server/security.h"
 #include "server/validate.h"
+#include "spdlog/spdlog.h"
 
 namespace qstream {
 
@@ -108,7 +108,8 @@ absl::StatusOr<MetricsCredentials> ReadAuthFile(const std::string& path) {
   }
   // Group-readable is how Kubernetes mounts a Secret for fsGroup (0440).
   if ((st.st_mode & S_IROTH) != 0) {
-    spdlog::warn("{} is readable by others (mode {:03o}); chmod 600 it", source, static_cast<unsigned>(st.st_mode & 0777));
+    spdlog::warn("{} is readable by others (mode {:03o}); chmod 600 it", source,
+                 static_cast<unsigned>(st.st_mode & 0777));
   }
   std::string text(kMaxAuthFileBytes + 1, '\0');
   size_t size = 0;
@@ -145,8 +146,8 @@ absl::Status ValidateMetricsOptions(const MetricsOptions& options) {
     }
   }
   if (options.push_job.empty() || options.push_job.size() > 128 ||
-      options.push_job.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") !=
-          std::string::npos) {
+      options.push_job.find_first_not_of(
+          "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") != std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("--push_job: '", options.push_job, "' must be 1-128 characters of [A-Za-z0-9_.-]"));
   }
@@ -259,7 +260,7 @@ Metrics::Metrics(const MetricsOptions& options, Learner* learner, const IngestCo
   loss_ = &Gauge(r, "qstream_loss", "Importance-weighted C51 cross-entropy of the last step");
   grad_norm_ = &Gauge(r, "qstream_grad_norm", "Global gradient norm of the last step, before clipping");
   target_clip_ratio_ = &Gauge(r, "qstream_target_clip_ratio",
-                             "Fraction of the target probability mass clamped at the support edges (0..1)");
+                              "Fraction of the target probability mass clamped at the support edges (0..1)");
   auto& trips = prometheus::BuildCounter()
                     .Name("qstream_guard_trips_total")
                     .Help("Steps whose update the guard skipped, by reason")
@@ -305,18 +306,26 @@ Metrics::Metrics(const MetricsOptions& options, Learner* learner, const IngestCo
   guard_rollbacks_ = &Counter(r, "qstream_guard_rollbacks_total",
                               "Rollbacks to the newest good checkpoint after repeated guard trips");
   learner_halted_ = &Gauge(r, "qstream_learner_halted", "1 while the guard has halted the learner");
-  paused_ = &Gauge(r, "qstream_paused", "1 while the learner is paused (Admin Pause, --start_paused, a failed step)");
+  paused_ = &Gauge(r, "qstream_paused",
+                   "1 while the learner is paused (Admin Pause, --start_paused, a failed step)");
   serving_ = &Gauge(r, "qstream_serving", "1 while grpc.health.v1 reports SERVING (README \"Health\")");
-  replay_min_size_ = &Gauge(r, "qstream_replay_min_size",
-                            "Transitions the replay must hold before the learner samples (rate_limiter.min_size_to_sample)");
-  checkpoint_interval_ = &Gauge(r, "qstream_checkpoint_interval_seconds",
-                                "checkpoint.every_seconds when checkpoints are on (--checkpoint_dir), else 0");
+  replay_min_size_ =
+      &Gauge(r, "qstream_replay_min_size",
+             "Transitions the replay must hold before the learner samples (rate_limiter.min_size_to_sample)");
+  checkpoint_interval_ =
+      &Gauge(r, "qstream_checkpoint_interval_seconds",
+             "checkpoint.every_seconds when checkpoints are on (--checkpoint_dir), else 0");
   const LearnerStatus s = learner->status();
   prometheus::BuildGauge()
       .Name("qstream_build_info")
-      .Help("Always 1: the build and the backend this daemon runs (backend \"cpu\" under --backend=auto means no GPU)")
+      .Help(
+          "Always 1: the build and the backend this daemon runs (backend \"cpu\" under --backend=auto means "
+          "no GPU)")
       .Register(r)
-      .Add({{"version", QSTREAM_VERSION}, {"commit", QSTREAM_GIT_COMMIT}, {"backend", s.backend}, {"device", s.device}})
+      .Add({{"version", QSTREAM_VERSION},
+            {"commit", QSTREAM_GIT_COMMIT},
+            {"backend", s.backend},
+            {"device", s.device}})
       .Set(1);
   replay_min_size_->Set(static_cast<double>(learner->config().rate_limiter().min_size_to_sample()));
   if (s.device_memory.total_bytes >= 0) {
@@ -329,7 +338,8 @@ Metrics::Metrics(const MetricsOptions& options, Learner* learner, const IngestCo
   process_cpu_ = &Counter(r, "process_cpu_seconds_total", "User and system CPU time of the process, seconds");
   process_resident_ = &Gauge(r, "process_resident_memory_bytes", "Resident memory size, bytes");
   process_virtual_ = &Gauge(r, "process_virtual_memory_bytes", "Virtual memory size, bytes");
-  process_start_time_ = &Gauge(r, "process_start_time_seconds", "Start time of the process since the Unix epoch, seconds");
+  process_start_time_ =
+      &Gauge(r, "process_start_time_seconds", "Start time of the process since the Unix epoch, seconds");
   process_open_fds_ = &Gauge(r, "process_open_fds", "Open file descriptors");
   process_max_fds_ = &Gauge(r, "process_max_fds", "Most open file descriptors (soft limit; -1: unlimited)");
   process_threads_ = &Gauge(r, "process_threads", "Threads of the process");

@@ -15,8 +15,8 @@
 #pragma once
 
 #include <array>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -188,7 +188,7 @@ class Metrics {
   prometheus::Gauge* serving_;
   prometheus::Gauge* replay_min_size_;
   prometheus::Gauge* checkpoint_interval_;
-  prometheus::Gauge* gpu_memory_used_ = nullptr;   // CUDA backend only
+  prometheus::Gauge* gpu_memory_used_ = nullptr;  // CUDA backend only
   prometheus::Gauge* gpu_memory_total_ = nullptr;
   prometheus::Counter* process_cpu_;
   prometheus::Gauge* process_resident_;

@@ -101,12 +101,16 @@ class NStepAssembler {
   // The env_ids of `windows`, ascending.
   static std::vector<uint32_t> SortedIds(const NStepWindows& windows);
   // Views into a window's `values` (layout above).
-  float* obs(NStepWindow& w, int slot) const { return w.values.data() + static_cast<size_t>(slot) * obs_dim_; }
+  float* obs(NStepWindow& w, int slot) const {
+    return w.values.data() + static_cast<size_t>(slot) * obs_dim_;
+  }
   const float* obs(const NStepWindow& w, int slot) const {
     return w.values.data() + static_cast<size_t>(slot) * obs_dim_;
   }
   float* rewards(NStepWindow& w) const { return w.values.data() + static_cast<size_t>(n_) * obs_dim_; }
-  const float* rewards(const NStepWindow& w) const { return w.values.data() + static_cast<size_t>(n_) * obs_dim_; }
+  const float* rewards(const NStepWindow& w) const {
+    return w.values.data() + static_cast<size_t>(n_) * obs_dim_;
+  }
   float* last_next_obs(NStepWindow& w) const { return rewards(w) + n_; }
   const float* last_next_obs(const NStepWindow& w) const { return rewards(w) + n_; }
   // The window of `env_id` in `delta`, copied from `committed` first.

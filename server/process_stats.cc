@@ -34,8 +34,8 @@ absl::StatusOr<ProcessStats> ParseProcStat(const std::string& stat, long ticks_p
   if (close == std::string::npos || ticks_per_second <= 0) {
     return absl::InvalidArgumentError("/proc stat: no ')' after the command name");
   }
-  const std::vector<absl::string_view> f =
-      absl::StrSplit(absl::StripAsciiWhitespace(absl::string_view(stat).substr(close + 1)), ' ', absl::SkipEmpty());
+  const std::vector<absl::string_view> f = absl::StrSplit(
+      absl::StripAsciiWhitespace(absl::string_view(stat).substr(close + 1)), ' ', absl::SkipEmpty());
   // f[0] is field 3 (state): field k of proc(5) is f[k - 3].
   auto field = [&f](int k, double* out) {
     const size_t i = static_cast<size_t>(k - 3);

@@ -9,12 +9,12 @@
 namespace qstream {
 
 struct ProcessStats {
-  double cpu_seconds = 0;         // user + system
+  double cpu_seconds = 0;  // user + system
   double resident_bytes = 0;
   double virtual_bytes = 0;
   double start_time_seconds = 0;  // Unix time
   double open_fds = 0;
-  double max_fds = 0;             // soft RLIMIT_NOFILE
+  double max_fds = 0;  // soft RLIMIT_NOFILE
   double threads = 0;
 };
 

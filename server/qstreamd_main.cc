@@ -40,9 +40,10 @@ ABSL_FLAG(absl::Duration, push_interval, absl::Seconds(10), "Pushgateway push pe
 ABSL_FLAG(std::string, instance, "", "instance label of pushed metrics; default hostname:grpc_port");
 ABSL_FLAG(std::string, push_job, qstream::MetricsOptions().push_job,
           "job label of pushed metrics (keep it apart from the scrape job's, e.g. qstream)");
-ABSL_FLAG(std::string, log_format, "text",
-          "text: `<UTC time> <I|W|E> qstreamd: <message>` lines; json: one {\"time\",\"level\",\"msg\"} object "
-          "per line. On stderr");
+ABSL_FLAG(
+    std::string, log_format, "text",
+    "text: `<UTC time> <I|W|E> qstreamd: <message>` lines; json: one {\"time\",\"level\",\"msg\"} object "
+    "per line. On stderr");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warning|error|critical|off");
 ABSL_FLAG(absl::Duration, shutdown_deadline, absl::Seconds(5),
           "On SIGINT/SIGTERM, how long open streams may drain before they are cancelled");
@@ -174,7 +175,8 @@ int Main(int argc, char** argv) {
     return kExitUsage;
   }
   absl::ParseCommandLine(argc, argv);
-  if (absl::Status st = InitLogging(absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level)); !st.ok()) {
+  if (absl::Status st = InitLogging(absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level));
+      !st.ok()) {
     std::fprintf(stderr, "qstreamd: %s\n", std::string(st.message()).c_str());
     return kExitUsage;
   }

@@ -12,7 +12,6 @@
 #include <sstream>
 #include <utility>
 
-#include "spdlog/spdlog.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -22,6 +21,7 @@
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
 #include "server/daemon.h"
+#include "spdlog/spdlog.h"
 
 namespace qstream {
 
@@ -162,9 +162,10 @@ absl::Status TokenAuthorizer::Reload() {
   if (!entries.ok()) return entries.status();
   struct stat st {};
   if (::stat(path_.c_str(), &st) == 0 && (st.st_mode & 007) != 0) {
-    spdlog::warn("--auth_tokens={} is readable by others (mode {:04o}); 0600, or 0440 with a group of its own, "
-                 "keeps the tokens to this service",
-                 path_, static_cast<unsigned>(st.st_mode & 0777));
+    spdlog::warn(
+        "--auth_tokens={} is readable by others (mode {:04o}); 0600, or 0440 with a group of its own, "
+        "keeps the tokens to this service",
+        path_, static_cast<unsigned>(st.st_mode & 0777));
   }
   auto table = std::make_shared<const std::vector<TokenEntry>>(std::move(*entries));
   absl::MutexLock lock(&mu_);
@@ -342,7 +343,8 @@ absl::Status CheckTlsFiles(const SecurityOptions& o) {
   }
   struct stat st {};
   if (::stat(o.tls_key.c_str(), &st) == 0 && (st.st_mode & 007) != 0) {
-    spdlog::warn("--tls_key={} is readable by others (mode {:04o})", o.tls_key, static_cast<unsigned>(st.st_mode & 0777));
+    spdlog::warn("--tls_key={} is readable by others (mode {:04o})", o.tls_key,
+                 static_cast<unsigned>(st.st_mode & 0777));
   }
   if (!o.tls_client_ca.empty()) {
     auto ca_pem = ReadSmallFile(o.tls_client_ca, "--tls_client_ca", 4 << 20);

@@ -91,7 +91,7 @@ struct StepStats {
 
 // Memory of the backend's device, bytes (-1: no device).
 struct DeviceMemory {
-  int64_t used_bytes = -1;   // in use on the device once the backend is set up (all processes)
+  int64_t used_bytes = -1;  // in use on the device once the backend is set up (all processes)
   int64_t total_bytes = -1;
 };
 

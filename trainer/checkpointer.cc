@@ -3,8 +3,8 @@
 #include <cstdio>
 #include <utility>
 
-#include "spdlog/spdlog.h"
 #include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
 
 namespace qstream {
 
@@ -66,8 +66,8 @@ void Checkpointer::Run() {
     absl::Status pruned = absl::OkStatus();
     if (result.ok()) pruned = PruneCheckpoints(root_, keep_);
     if (result.ok()) {
-      spdlog::info("checkpoint {} written: step {}, {:.1f} MB in {:.2f} s (snapshot {:.3f} s)", result->name, step,
-                   static_cast<double>(result->bytes) / 1e6, result->seconds, job.snapshot_seconds);
+      spdlog::info("checkpoint {} written: step {}, {:.1f} MB in {:.2f} s (snapshot {:.3f} s)", result->name,
+                   step, static_cast<double>(result->bytes) / 1e6, result->seconds, job.snapshot_seconds);
     } else {
       spdlog::error("checkpoint {} failed: {}", job.name, result.status().ToString());
     }

@@ -12,11 +12,11 @@
 #include <filesystem>
 #include <limits>
 
-#include "spdlog/spdlog.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "clients/policy/network.h"
 #include "qstream/version.h"
+#include "spdlog/spdlog.h"
 #include "trainer/config.h"
 
 namespace qstream {
@@ -247,8 +247,7 @@ absl::Status Learner::Restore(const CheckpointData& data) {
   const v1::CheckpointManifest& m = data.manifest;
   std::vector<std::string> differences;
   if (absl::Status st = CheckCompatible(m.config(), config_, &differences); !st.ok()) return st;
-  for (const std::string& d : differences)
-    spdlog::warn("restore: config differs: {}", d);
+  for (const std::string& d : differences) spdlog::warn("restore: config differs: {}", d);
   if (absl::Status st = backend_->LoadState(data.state, StateParts::kAll); !st.ok()) return st;
   const bool replay = data.state.has_replay;
   limiter_.Restore(replay ? m.rate_limiter().inserts() : 0, replay ? m.rate_limiter().samples() : 0);

@@ -26,20 +26,16 @@ std::string EncodeRequest(const std::string& service) {
 
 const char* ServingStatusName(ServingStatus status) {
   switch (status) {
-    case ServingStatus::kServing:
-      return "SERVING";
-    case ServingStatus::kNotServing:
-      return "NOT_SERVING";
-    case ServingStatus::kServiceUnknown:
-      return "SERVICE_UNKNOWN";
-    case ServingStatus::kUnknown:
-      break;
+    case ServingStatus::kServing: return "SERVING";
+    case ServingStatus::kNotServing: return "NOT_SERVING";
+    case ServingStatus::kServiceUnknown: return "SERVICE_UNKNOWN";
+    case ServingStatus::kUnknown: break;
   }
   return "UNKNOWN";
 }
 
-absl::StatusOr<ServingStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,
-                                          absl::Duration timeout) {
+absl::StatusOr<ServingStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
+                                          const std::string& service, absl::Duration timeout) {
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -60,7 +56,8 @@ absl::StatusOr<ServingStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& 
                         absl::StrCat("grpc.health.v1.Health/Check: ", status.error_message()));
   }
   grpc::Slice slice;
-  if (!response.DumpToSingleSlice(&slice).ok()) return absl::InvalidArgumentError("health: unreadable response");
+  if (!response.DumpToSingleSlice(&slice).ok())
+    return absl::InvalidArgumentError("health: unreadable response");
   const std::string bytes(reinterpret_cast<const char*>(slice.begin()), slice.size());
   if (bytes.empty()) return ServingStatus::kUnknown;  // the default value is not on the wire
   // Field 1 (status), varint, one byte for the values 0..3.

@@ -20,7 +20,7 @@ const char* ServingStatusName(ServingStatus status);
 // One Check call for `service` ("" = the whole server) with `timeout`. The
 // call's error (UNAVAILABLE, DEADLINE_EXCEEDED, ...) as a status, or
 // InvalidArgument when the response is not a HealthCheckResponse.
-absl::StatusOr<ServingStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,
-                                          absl::Duration timeout);
+absl::StatusOr<ServingStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
+                                          const std::string& service, absl::Duration timeout);
 
 }  // namespace qstream::actor

@@ -38,9 +38,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "qstream-healthcheck: %s\n", std::string(channel.status().message()).c_str());
     return 2;
   }
-  auto status = qstream::actor::CheckHealth(*channel, absl::GetFlag(FLAGS_service), absl::GetFlag(FLAGS_timeout));
+  auto status =
+      qstream::actor::CheckHealth(*channel, absl::GetFlag(FLAGS_service), absl::GetFlag(FLAGS_timeout));
   if (!status.ok()) {
-    std::fprintf(stderr, "qstream-healthcheck: %s: %s\n", options.server.c_str(), status.status().ToString().c_str());
+    std::fprintf(stderr, "qstream-healthcheck: %s: %s\n", options.server.c_str(),
+                 status.status().ToString().c_str());
     return 1;
   }
   std::printf("%s\n", qstream::actor::ServingStatusName(*status));

@@ -1,7 +1,5 @@
 #include "tests/server/e2e_support.h"
 
-#include "clients/cpp/health_check.h"
-
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -14,21 +12,22 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
-#include <limits>
 #include <fstream>
-#include <regex>
 #include <future>
+#include <limits>
+#include <regex>
 #include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "clients/cpp/health_check.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "gtest/gtest.h"
 
 namespace qstream::testing {
 

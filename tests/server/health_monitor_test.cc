@@ -76,7 +76,8 @@ class HangingBackend : public testing::ForwardingBackend {
     {
       absl::MutexLock lock(&mu_);
       in_hang_ = hang_;
-      mu_.Await(absl::Condition(+[](bool* hang) { return !*hang; }, &hang_));
+      mu_.Await(absl::Condition(
+          +[](bool* hang) { return !*hang; }, &hang_));
       in_hang_ = false;
       if (fail_) return absl::InternalError("injected device fault");
     }
@@ -161,7 +162,7 @@ TEST(HealthMonitor, NotServingWhileTheLearnerHangsAndBackOnceItMovesOn) {
   // Training, then a step that never returns.
   backend->SetHang(true);
   std::atomic<int> acked{0};
-  (*learner)->Enqueue(Rows(64), [&](absl::Status s, int64_t) {
+  (*learner)->Enqueue(Rows(64), [&](const absl::Status& s, int64_t) {
     EXPECT_TRUE(s.ok()) << s;
     acked.fetch_add(1);
   });

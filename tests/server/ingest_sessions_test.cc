@@ -24,9 +24,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "tests/trainer/forwarding_backend.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
-#include "tests/trainer/forwarding_backend.h"
 #include "trainer/cpu/cpu_backend.h"
 
 namespace qstream {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "clients/cpp/health_check.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -24,7 +25,6 @@
 #include "qstream/v1/admin.grpc.pb.h"
 #include "qstream/v1/experience.grpc.pb.h"
 #include "qstream/v1/policy.grpc.pb.h"
-#include "clients/cpp/health_check.h"
 #include "tests/server/e2e_support.h"
 
 namespace qstream {
@@ -829,7 +829,8 @@ TEST(QstreamdE2E, PushesToPushgateway) {
 // Runs `promtool check metrics` on `page`; its exit code and output.
 std::pair<int, std::string> PromtoolCheckMetrics(const std::string& page) {
   const std::string path = testing::WriteTempFile("exposition.txt", page);
-  auto p = testing::ChildProcess::Spawn({"/bin/sh", "-c", absl::StrCat("exec promtool check metrics < ", path)});
+  auto p =
+      testing::ChildProcess::Spawn({"/bin/sh", "-c", absl::StrCat("exec promtool check metrics < ", path)});
   const auto code = p->Wait(absl::Seconds(60));
   return {code.value_or(-1), p->output()};
 }
@@ -937,7 +938,8 @@ guard { max_abs_q: 0.5 max_consecutive_trips: 3 on_repeated_trips: HALT }
   const int health_port = FreePort();
   auto d = testing::StartCpuDaemonOrDie(config, {absl::StrCat("--health_listen=127.0.0.1:", health_port)});
   auto channel = Channel(d);
-  auto health = grpc::CreateChannel(absl::StrCat("127.0.0.1:", health_port), grpc::InsecureChannelCredentials());
+  auto health =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", health_port), grpc::InsecureChannelCredentials());
   EXPECT_EQ(HealthStatus(health), 1);
   Streamer streamer(channel, false);
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
