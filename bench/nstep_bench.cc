@@ -1,7 +1,7 @@
 // `qstream-bench nstep`: what the daemon's server-side n-step assembly costs
 // per transition for KIND_STEP batches (a vector env of --envs envs sending
-// one step each per message), as an ingest session runs it: Add against the
-// issued windows, Apply to them, Commit to the committed windows at delivery.
+// one step each per message), as an ingest session runs it: Add advances the
+// issued windows, Replay the committed windows at delivery.
 // One JSON line, the median of --repeats timings of --batches batches.
 #include <algorithm>
 #include <chrono>
@@ -98,18 +98,15 @@ absl::Status Run(const Flags& f) {
     out.num_branches = f.branches;
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < f.batches; ++i) {
-      NStepWindows delta;
       out.n = 0;
       out.obs.clear();
       out.next_obs.clear();
       out.actions.clear();
       out.rewards.clear();
       out.discounts.clear();
-      if (auto error = assembler.Add(batches[i % batches.size()], issued, &delta, &out)) {
-        return absl::InternalError(error->message);
-      }
-      NStepAssembler::Apply(delta, &issued);
-      NStepAssembler::Commit(&delta, &committed);
+      const IncomingBatch& batch = batches[i % batches.size()];
+      if (auto error = assembler.Add(batch, &issued, &out)) return absl::InternalError(error->message);
+      assembler.Replay(batch, &committed);
       emitted += out.n;
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

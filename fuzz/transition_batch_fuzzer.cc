@@ -104,17 +104,29 @@ void OneMessage(absl::string_view bytes, size_t split, NStepWindows* committed) 
   CheckColumns(incoming.columns, s.spec, /*with_discounts=*/batch.kind() == v1::TransitionBatch::KIND_NSTEP);
   if (batch.kind() != v1::TransitionBatch::KIND_STEP) return;
 
-  NStepWindows delta;
+  // Add advances a copy (the session's issued windows), Replay the committed
+  // windows: both must end equal; a rejected batch changes nothing.
+  NStepWindows issued = *committed;
   TransitionColumns out;
   out.obs_dim = s.spec.obs_dim;
   out.num_branches = s.spec.num_branches();
   const int64_t pending = NStepAssembler::Pending(*committed);
-  if (s.assembler.Add(incoming, *committed, &delta, &out)) {
-    FUZZ_CHECK(delta.empty() && out.n == 0);
+  v1::IngestSessionState before;
+  s.assembler.Save(*committed, before.mutable_windows());
+  if (s.assembler.Add(incoming, &issued, &out)) {
+    v1::IngestSessionState after;
+    s.assembler.Save(issued, after.mutable_windows());
+    FUZZ_CHECK(out.n == 0 && after.SerializeAsString() == before.SerializeAsString());
     return;
   }
   CheckColumns(out, s.spec);
-  NStepAssembler::Commit(&delta, committed);
+  s.assembler.Replay(incoming, committed);
+  {
+    v1::IngestSessionState a, b;
+    s.assembler.Save(issued, a.mutable_windows());
+    s.assembler.Save(*committed, b.mutable_windows());
+    FUZZ_CHECK(a.SerializeAsString() == b.SerializeAsString());
+  }
   // Every step is either still waiting or left as an item.
   FUZZ_CHECK(pending + batch.count() == NStepAssembler::Pending(*committed) + out.n);
   FUZZ_CHECK(static_cast<int64_t>(committed->size()) <= s.server.max_envs_per_stream());

@@ -56,8 +56,12 @@ struct IngestSessions::Ticket {
   bool completed = false;     // the outcome is known (inline, or the insert called back)
   bool inserts = false;       // went to the learner (its status decides the commit)
   bool flush = false;         // a window flush (counted as accepted with lag 0)
-  uint64_t sequence = 0;      // committed with the delta; 0: nothing to commit
-  NStepWindows delta;         // the windows this item changed, as they are after it
+  uint64_t sequence = 0;      // committed with the windows; 0: nothing to commit
+  // What the item does to the committed windows at delivery: a KIND_STEP
+  // batch replays its steps into them (NStepAssembler::Replay), a flush
+  // empties them.
+  std::optional<IncomingBatch> step_batch;
+  bool clear_windows = false;
   int64_t release_bytes = 0;  // returned to queued_bytes_ at delivery, less the windows gained
   IngestOutcome outcome;
   Done done;
@@ -321,30 +325,34 @@ void IngestSessions::Issue(const std::shared_ptr<IngestRecord>& r, Work& work) {
       }
       if (r->issued_windows.empty()) return;
       assembler_.Flush(r->issued_windows, &columns);
-      for (const auto& [env, w] : r->issued_windows) t.delta.emplace(env, NStepWindow{});
+      r->issued_windows.clear();
+      t.clear_windows = true;
     } else {
       IncomingBatch& batch = work.batch;
       if (batch.sequence != 0 && batch.sequence <= r->last_sequence) {
         t.outcome.duplicate = true;
         return;
       }
+      t.sequence = batch.sequence;
+      t.outcome.episodes = std::move(batch.episodes);
       if (batch.kind == v1::TransitionBatch::KIND_STEP) {
-        if (auto error = assembler_.Add(batch, r->issued_windows, &t.delta, &columns)) {
+        // The issued windows move on now; the committed ones at delivery.
+        int64_t opened = 0;
+        if (auto error = assembler_.Add(batch, &r->issued_windows, &columns, &opened)) {
           t.outcome.error = std::move(*error);
+          t.sequence = 0;
+          t.outcome.episodes = {};
           return;
         }
         // Part of the batch that Submit admitted (its overshoot, if any).
-        const int64_t opened_bytes = NStepAssembler::Opened(t.delta, r->issued_windows) * window_bytes;
+        const int64_t opened_bytes = opened * window_bytes;
         queued_bytes_.fetch_add(opened_bytes, std::memory_order_relaxed);
         t.release_bytes += opened_bytes;
+        t.step_batch = std::move(batch);  // its steps, replayed into the committed windows at delivery
       } else {
         columns = std::move(batch.columns);
       }
-      t.sequence = batch.sequence;
-      t.outcome.episodes = std::move(batch.episodes);
     }
-    // The issued state moves on now; the committed one at delivery.
-    NStepAssembler::Apply(t.delta, &r->issued_windows);
     r->issued_sequence = std::max(r->issued_sequence, t.sequence);
     if (columns.n == 0) return;  // every step waits in its window: commits at delivery
     t.completed = false;
@@ -392,12 +400,21 @@ void IngestSessions::Deliver(const std::shared_ptr<IngestRecord>& r) {
           // assembled on windows that never were. Only a stopping learner
           // fails an insert, and it fails every later one too; whatever this
           // item would commit is dropped and its stream ends.
-          if (t.inserts || t.sequence != 0 || !t.delta.empty() || !t.outcome.episodes.empty()) {
+          if (t.inserts || t.sequence != 0 || t.step_batch.has_value() || t.clear_windows ||
+              !t.outcome.episodes.empty()) {
             t.outcome.status = absl::AbortedError("an earlier batch of this stream was not inserted");
             t.outcome.episodes = {};
           }
         } else {
-          t.release_bytes -= NStepAssembler::Commit(&t.delta, &r->windows) * window_bytes;
+          int64_t gained = 0;
+          if (t.clear_windows) {
+            gained = -static_cast<int64_t>(r->windows.size());
+            r->windows.clear();
+          } else if (t.step_batch.has_value()) {
+            gained = assembler_.Replay(*t.step_batch, &r->windows);
+            t.step_batch.reset();  // its bytes go back with release_bytes below
+          }
+          t.release_bytes -= gained * window_bytes;
           r->last_sequence = std::max(r->last_sequence, t.sequence);
         }
         ready.push_back(std::move(t));

@@ -1,9 +1,9 @@
 #include "server/nstep.h"
 
 #include <algorithm>
-#include <unordered_set>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace qstream {
@@ -35,14 +35,6 @@ NStepWindow NStepAssembler::EmptyWindow() const {
   w.values.resize(static_cast<size_t>(n_) * obs_dim_ + n_ + obs_dim_);
   w.actions.resize(static_cast<size_t>(n_) * branches_);
   return w;
-}
-
-NStepWindow& NStepAssembler::Touch(uint32_t env_id, const NStepWindows& committed,
-                                   NStepWindows* delta) const {
-  auto it = delta->find(env_id);
-  if (it != delta->end()) return it->second;
-  auto c = committed.find(env_id);
-  return delta->emplace(env_id, c != committed.end() ? c->second : EmptyWindow()).first->second;
 }
 
 void NStepAssembler::Push(NStepWindow& w, const float* obs, const int32_t* actions, float reward,
@@ -79,96 +71,71 @@ void NStepAssembler::EmitAll(const NStepWindow& w, bool terminal, TransitionColu
   for (int k = 0; k < w.size; ++k) Emit(w, k, terminal, out);
 }
 
-std::optional<BatchError> NStepAssembler::Add(const IncomingBatch& batch, const NStepWindows& committed,
-                                              NStepWindows* delta, TransitionColumns* out) const {
+std::optional<BatchError> NStepAssembler::Add(const IncomingBatch& batch, NStepWindows* windows,
+                                              TransitionColumns* out, int64_t* opened) const {
+  const int64_t count = batch.count();
+  const bool has_env_ids = !batch.env_ids.empty();
+  // Admission first, so a rejected batch leaves every window untouched.
+  // Without env_ids every row is env 0, which counts like any other (a batch
+  // of count 0, episode reports only, opens nothing).
+  int64_t envs = static_cast<int64_t>(windows->size());
+  int64_t fresh_count = 0;
+  absl::flat_hash_set<uint32_t> fresh;
+  for (int64_t i = 0; i < (has_env_ids ? count : std::min<int64_t>(count, 1)); ++i) {
+    const uint32_t id = has_env_ids ? batch.env_ids[i] : 0;
+    if (windows->contains(id) || !fresh.insert(id).second) continue;
+    ++fresh_count;
+    if (++envs > max_envs_) {
+      return BatchError{v1::Error::TOO_LARGE, "env_ids",
+                        absl::StrCat(has_env_ids ? absl::StrCat("env_ids[", i, "]: ", id) : "env 0 (no env_ids)",
+                                     " opens more than server.max_envs_per_stream = ", max_envs_,
+                                     " environments on this stream")};
+    }
+  }
+  if (opened != nullptr) *opened = fresh_count;
+  out->Reserve(out->n + count);
+  Advance(batch, windows, out);
+  return std::nullopt;
+}
+
+int64_t NStepAssembler::Replay(const IncomingBatch& batch, NStepWindows* windows) const {
+  return Advance(batch, windows, nullptr);
+}
+
+int64_t NStepAssembler::Advance(const IncomingBatch& batch, NStepWindows* windows, TransitionColumns* out) const {
   const int64_t count = batch.count();
   const bool has_env_ids = !batch.env_ids.empty();
   const bool has_truncated = !batch.truncated.empty();
   const TransitionColumns& in = batch.columns;
-  {
-    // Admission first, so a rejected batch leaves every window untouched.
-    // Without env_ids every row is env 0, which counts like any other (a
-    // batch of count 0, episode reports only, opens nothing).
-    int64_t envs = static_cast<int64_t>(committed.size());
-    for (const auto& [id, w] : *delta) envs += committed.count(id) ? 0 : 1;
-    std::unordered_set<uint32_t> fresh;
-    for (int64_t i = 0; i < (has_env_ids ? count : std::min<int64_t>(count, 1)); ++i) {
-      const uint32_t id = has_env_ids ? batch.env_ids[i] : 0;
-      if (committed.count(id) || delta->count(id) || !fresh.insert(id).second) continue;
-      if (++envs > max_envs_) {
-        return BatchError{
-            v1::Error::TOO_LARGE, "env_ids",
-            absl::StrCat(has_env_ids ? absl::StrCat("env_ids[", i, "]: ", id) : "env 0 (no env_ids)",
-                         " opens more than server.max_envs_per_stream = ", max_envs_,
-                         " environments on this stream")};
-      }
-    }
-  }
-  out->Reserve(out->n + count);
+  const int64_t before = static_cast<int64_t>(windows->size());
+  bool emptied = false;
   for (int64_t i = 0; i < count; ++i) {
-    NStepWindow& w = Touch(has_env_ids ? batch.env_ids[i] : 0, committed, delta);
+    const uint32_t id = has_env_ids ? batch.env_ids[i] : 0;
+    auto it = windows->find(id);
+    if (it == windows->end()) it = windows->emplace(id, EmptyWindow()).first;
+    NStepWindow& w = it->second;
     Push(w, in.obs.data() + i * obs_dim_, in.actions.data() + i * branches_, in.rewards[i],
          in.next_obs.data() + i * obs_dim_);
     const bool done = batch.done[i] != 0;
     if (done || (has_truncated && batch.truncated[i] != 0)) {
-      EmitAll(w, /*terminal=*/done, out);
+      if (out != nullptr) EmitAll(w, /*terminal=*/done, out);
       w.head = 0;
       w.size = 0;
+      emptied = true;
     } else if (w.size == n_) {
-      Emit(w, 0, /*terminal=*/false, out);
+      if (out != nullptr) Emit(w, 0, /*terminal=*/false, out);
       w.head = (w.head + 1) % n_;
       --w.size;
     }
   }
-  return std::nullopt;
+  // Only windows holding steps are kept (an episode that ended leaves none).
+  if (emptied) absl::erase_if(*windows, [](const auto& entry) { return entry.second.size == 0; });
+  return static_cast<int64_t>(windows->size()) - before;
 }
 
 void NStepAssembler::Flush(const NStepWindows& windows, TransitionColumns* out) const {
   out->Reserve(out->n + Pending(windows));
   for (uint32_t id : SortedIds(windows)) EmitAll(windows.at(id), /*terminal=*/false, out);
-}
-
-int64_t NStepAssembler::Commit(NStepWindows* delta, NStepWindows* committed) {
-  int64_t gained = 0;
-  for (auto& [id, w] : *delta) {
-    if (w.size == 0) {
-      gained -= static_cast<int64_t>(committed->erase(id));
-    } else {
-      auto it = committed->find(id);
-      if (it != committed->end()) {
-        it->second = w;  // copy-assignment into the buffers already there: no allocation, no free
-      } else {
-        committed->emplace(id, std::move(w));
-        ++gained;
-      }
-    }
-  }
-  delta->clear();
-  return gained;
-}
-
-int64_t NStepAssembler::Apply(const NStepWindows& delta, NStepWindows* windows) {
-  int64_t gained = 0;
-  for (const auto& [id, w] : delta) {
-    if (w.size == 0) {
-      gained -= static_cast<int64_t>(windows->erase(id));
-      continue;
-    }
-    auto it = windows->find(id);
-    if (it != windows->end()) {
-      it->second = w;  // copy-assignment reuses the window's buffers: no allocation
-    } else {
-      windows->emplace(id, w);
-      ++gained;
-    }
-  }
-  return gained;
-}
-
-int64_t NStepAssembler::Opened(const NStepWindows& delta, const NStepWindows& committed) {
-  int64_t opened = 0;
-  for (const auto& [id, w] : delta) opened += committed.count(id) ? 0 : 1;
-  return opened;
 }
 
 int64_t NStepAssembler::window_bytes() const {

@@ -9,11 +9,15 @@
 // from the window's last next_obs.
 //
 // The assembler holds no windows itself: they belong to the ingest session,
-// which commits them only together with the insert of the items a batch
-// produced. Add therefore reads the committed windows and writes the windows
-// the batch touches, as they are after it, into a separate delta; Commit
-// applies the delta once the insert succeeded, and a failed insert simply
-// drops it.
+// which keeps two sets: the issued windows (after every batch handed to the
+// learner) and the committed ones (after every batch whose insert
+// succeeded). Add advances the issued windows in place and yields the items;
+// Replay advances the committed windows by the same batch, once its insert
+// succeeded, without items. Each step is copied into a window once per set:
+// no window is copied whole (at a thousand envs per message, whole-window
+// copies were most of the daemon's work). A failed insert leaves the
+// committed windows as they were; the session then restarts its issued
+// windows from them.
 #pragma once
 
 #include <cstdint>
@@ -56,13 +60,17 @@ class NStepAssembler {
   NStepAssembler(const NetworkSpec& spec, int n_step, float gamma, int64_t max_envs);
 
   // Appends the items a validated KIND_STEP batch completes to `out` (whose
-  // obs_dim/num_branches must match the spec). Every window the batch touches
-  // is copied from `committed` into `delta` on first touch (or started empty)
-  // and updated there; `committed` is not changed. A `delta` that already
-  // holds windows is continued. On error (too many env ids) nothing is
-  // appended and `delta` is unchanged.
-  std::optional<BatchError> Add(const IncomingBatch& batch, const NStepWindows& committed,
-                                NStepWindows* delta, TransitionColumns* out) const;
+  // obs_dim/num_branches must match the spec) and advances `windows` past it
+  // (windows are opened, and dropped once empty). `opened`, when not null,
+  // gets the number of windows the batch opened that `windows` did not hold
+  // (what it may add to the session's memory). On error (too many env ids)
+  // nothing is appended and `windows` is unchanged.
+  std::optional<BatchError> Add(const IncomingBatch& batch, NStepWindows* windows, TransitionColumns* out,
+                                int64_t* opened = nullptr) const;
+  // Advances `windows` past a batch exactly as Add did (Add succeeded on an
+  // equal set of windows), without the items. Returns how many windows
+  // `windows` gained (negative: lost).
+  int64_t Replay(const IncomingBatch& batch, NStepWindows* windows) const;
 
   // Appends every item of every window as a shorter-horizon, non-terminal
   // transition (R over the steps that exist, discount gamma^K, bootstrap
@@ -70,16 +78,6 @@ class NStepAssembler {
   // are: the caller clears them once the items are inserted.
   void Flush(const NStepWindows& windows, TransitionColumns* out) const;
 
-  // Applies a delta from Add to `committed` (emptied windows are dropped)
-  // and clears it. Returns how many windows `committed` gained (negative:
-  // lost).
-  static int64_t Commit(NStepWindows* delta, NStepWindows* committed);
-  // Commit's effect without consuming `delta`: copies its windows into
-  // `windows`, reusing the buffers of windows already there.
-  static int64_t Apply(const NStepWindows& delta, NStepWindows* windows);
-  // Windows of `delta` that `committed` does not hold (what committing it
-  // can add at most).
-  static int64_t Opened(const NStepWindows& delta, const NStepWindows& committed);
 
   // Steps waiting in `windows` for later steps.
   static int64_t Pending(const NStepWindows& windows);
@@ -113,8 +111,8 @@ class NStepAssembler {
   }
   float* last_next_obs(NStepWindow& w) const { return rewards(w) + n_; }
   const float* last_next_obs(const NStepWindow& w) const { return rewards(w) + n_; }
-  // The window of `env_id` in `delta`, copied from `committed` first.
-  NStepWindow& Touch(uint32_t env_id, const NStepWindows& committed, NStepWindows* delta) const;
+  // Add's and Replay's work: items to `out` when not null; windows gained.
+  int64_t Advance(const IncomingBatch& batch, NStepWindows* windows, TransitionColumns* out) const;
   void Push(NStepWindow& w, const float* obs, const int32_t* actions, float reward,
             const float* next_obs) const;
   // Appends the item `offset` steps after the head: its return over the

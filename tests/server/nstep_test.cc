@@ -46,26 +46,41 @@ IncomingBatch Batch(const std::vector<StepIn>& steps) {
   return b;
 }
 
-// An assembler with its committed windows, committing every delta (what the
-// ingest session does once the items are inserted).
+// The checkpoint form of `windows` (by ascending env_id): equal windows give
+// equal bytes.
+std::string Saved(const NStepAssembler& a, const NStepWindows& windows) {
+  v1::IngestSessionState s;
+  a.Save(windows, s.mutable_windows());
+  return s.SerializeAsString();
+}
+
+// An assembler with an ingest session's two window sets: Add advances the
+// issued windows, Replay the committed ones (as the session does once the
+// items are inserted); after every batch both must be equal.
 class Assembler {
  public:
   Assembler(const NetworkSpec& spec, int n_step, float gamma, int64_t max_envs)
       : a_(spec, n_step, gamma, max_envs) {}
   std::optional<BatchError> Add(const IncomingBatch& batch, TransitionColumns* out) {
-    NStepWindows delta;
-    auto error = a_.Add(batch, windows_, &delta, out);
-    if (!error) NStepAssembler::Commit(&delta, &windows_);
+    auto error = a_.Add(batch, &windows_, out);
+    if (!error) a_.Replay(batch, &committed_);
+    EXPECT_EQ(Saved(a_, windows_), Saved(a_, committed_)) << "Replay differs from Add";
     return error;
   }
   int64_t pending() const { return NStepAssembler::Pending(windows_); }
   int64_t num_envs() const { return static_cast<int64_t>(windows_.size()); }
   const NStepAssembler& assembler() const { return a_; }
   NStepWindows& windows() { return windows_; }
+  // Both sets from a checkpoint (a restore).
+  absl::Status Load(const google::protobuf::RepeatedPtrField<v1::NStepWindowState>& saved) {
+    if (absl::Status st = a_.Load(saved, &windows_); !st.ok()) return st;
+    return a_.Load(saved, &committed_);
+  }
 
  private:
   NStepAssembler a_;
   NStepWindows windows_;
+  NStepWindows committed_;
 };
 
 struct Item {
@@ -236,21 +251,22 @@ TEST(NStepAssemblerTest, EnvironmentsThatEndTheirEpisodeFreeTheirSlot) {
   EXPECT_TRUE(a.Add(Batch({{4, 0, 1}}), &out).has_value());
 }
 
-TEST(NStepAssemblerTest, CommitCountsTheWindowsGainedAndLost) {
+TEST(NStepAssemblerTest, AddCountsOpenedWindowsAndReplayTheWindowsGainedAndLost) {
   const NStepAssembler a(Spec(), 3, 0.5f, 16);
-  NStepWindows committed;
+  NStepWindows issued, committed;
   TransitionColumns out = EmptyColumns(Spec());
-  NStepWindows delta;
-  ASSERT_FALSE(a.Add(Batch({{1, 0, 1}, {2, 0, 1}, {3, 0, 1, true}}), committed, &delta, &out).has_value());
-  EXPECT_EQ(NStepAssembler::Opened(delta, committed), 3);  // env 3 opened and closed in the batch
-  EXPECT_EQ(NStepAssembler::Commit(&delta, &committed), 2);
-  ASSERT_FALSE(a.Add(Batch({{1, 1, 1, true}, {4, 0, 1}}), committed, &delta, &out).has_value());
-  EXPECT_EQ(NStepAssembler::Opened(delta, committed), 1);
-  EXPECT_EQ(NStepAssembler::Commit(&delta, &committed), 0);  // env 1 gone, env 4 new
+  int64_t opened = -1;
+  const IncomingBatch first = Batch({{1, 0, 1}, {2, 0, 1}, {3, 0, 1, true}});
+  ASSERT_FALSE(a.Add(first, &issued, &out, &opened).has_value());
+  EXPECT_EQ(opened, 3);  // env 3 opened and closed in the batch
+  EXPECT_EQ(issued.size(), 2u);
+  EXPECT_EQ(a.Replay(first, &committed), 2);
+  const IncomingBatch second = Batch({{1, 1, 1, true}, {4, 0, 1}});
+  ASSERT_FALSE(a.Add(second, &issued, &out, &opened).has_value());
+  EXPECT_EQ(opened, 1);
+  EXPECT_EQ(a.Replay(second, &committed), 0);  // env 1 gone, env 4 new
   EXPECT_EQ(committed.size(), 2u);
-  for (auto& [id, w] : committed) delta.emplace(id, NStepWindow{});  // a flush
-  EXPECT_EQ(NStepAssembler::Commit(&delta, &committed), -2);
-  EXPECT_TRUE(committed.empty());
+  EXPECT_EQ(Saved(a, issued), Saved(a, committed));
   // What server.max_queued_bytes counts per window: at least its columns.
   EXPECT_GE(a.window_bytes(), static_cast<int64_t>((3 * 1 + 1 + 3) * sizeof(float) + 3 * sizeof(int32_t)));
 }
@@ -284,20 +300,28 @@ TEST(NStepAssemblerTest, MultiBranchActionsTravelWithTheirStep) {
   EXPECT_EQ(out.discounts, (std::vector<float>{1, 1}));
 }
 
-TEST(NStepAssemblerTest, AddLeavesTheCommittedWindowsAlone) {
+TEST(NStepAssemblerTest, AFailedInsertRestartsFromTheCommittedWindows) {
   NStepAssembler a(Spec(), 3, 0.5f, 16);
-  NStepWindows committed;
-  NStepWindows delta;
+  NStepWindows issued, committed;
   TransitionColumns out = EmptyColumns(Spec());
-  ASSERT_FALSE(a.Add(Batch({{0, 0, 1}, {0, 1, 2}}), committed, &delta, &out).has_value());
-  EXPECT_TRUE(committed.empty());
-  EXPECT_EQ(NStepAssembler::Pending(delta), 2);
-  // Dropping the delta (a failed insert) and adding again gives the same items.
-  NStepWindows again;
-  ASSERT_FALSE(a.Add(Batch({{0, 0, 1}, {0, 1, 2}}), committed, &again, &out).has_value());
-  NStepAssembler::Commit(&again, &committed);
+  const IncomingBatch first = Batch({{0, 0, 1}, {0, 1, 2}});
+  ASSERT_FALSE(a.Add(first, &issued, &out).has_value());
+  a.Replay(first, &committed);
+  // The next batch's insert fails: the committed windows never saw it, and
+  // issuing it again from them gives the same items and windows.
+  const IncomingBatch second = Batch({{0, 2, 3}, {1, 0, 5}});
+  TransitionColumns failed = EmptyColumns(Spec());
+  ASSERT_FALSE(a.Add(second, &issued, &failed).has_value());
   EXPECT_EQ(NStepAssembler::Pending(committed), 2);
-  EXPECT_TRUE(again.empty());
+  NStepWindows again = committed;
+  TransitionColumns retried = EmptyColumns(Spec());
+  ASSERT_FALSE(a.Add(second, &again, &retried).has_value());
+  EXPECT_EQ(Items(retried).size(), Items(failed).size());
+  EXPECT_EQ(retried.obs, failed.obs);
+  EXPECT_EQ(retried.rewards, failed.rewards);
+  EXPECT_EQ(Saved(a, again), Saved(a, issued));
+  a.Replay(second, &committed);
+  EXPECT_EQ(Saved(a, committed), Saved(a, issued));
 }
 
 TEST(NStepAssemblerTest, FlushEmitsShorterHorizonNonTerminalItems) {
@@ -328,7 +352,7 @@ TEST(NStepAssemblerTest, SaveLoadRoundTripContinuesTheWindows) {
   EXPECT_EQ(std::vector<float>(saved[0].rewards().begin(), saved[0].rewards().end()),
             (std::vector<float>{3, 4}));
   Assembler b(Spec(), 3, 0.5f, 16);
-  ASSERT_TRUE(b.assembler().Load(saved, &b.windows()).ok());
+  ASSERT_TRUE(b.Load(saved).ok());
   TransitionColumns left = EmptyColumns(Spec());
   TransitionColumns right = EmptyColumns(Spec());
   ASSERT_FALSE(a.Add(Batch({{2, 4, 5}}), &left).has_value());
@@ -339,7 +363,7 @@ TEST(NStepAssemblerTest, SaveLoadRoundTripContinuesTheWindows) {
   // A window of n steps does not fit.
   saved[0].add_rewards(1);
   saved[0].add_rewards(1);
-  EXPECT_FALSE(b.assembler().Load(saved, &b.windows()).ok());
+  EXPECT_FALSE(b.Load(saved).ok());
 }
 
 }  // namespace

@@ -303,7 +303,9 @@ TEST(QstreamdE2E, TrainsFromStreamsAndExportsEveryMetric) {
   EXPECT_EQ(flushed, expected_flush);
   EXPECT_EQ(s3.transitions_ingested(), s3.replay_size());
   EXPECT_GT(step.accepted(), 0);
-  EXPECT_LT(step.accepted(), step.acks() * 64);
+  // Every step left as an item: acknowledged, or flushed at the half-close
+  // (none when every env had just ended an episode: 420 batches did that).
+  EXPECT_EQ(step.accepted() + expected_flush, step.acks() * 64);
 }
 
 TEST(QstreamdE2E, PolicyVersionsIncrease) {
