@@ -86,10 +86,11 @@ std::optional<BatchError> NStepAssembler::Add(const IncomingBatch& batch, NStepW
     if (windows->contains(id) || !fresh.insert(id).second) continue;
     ++fresh_count;
     if (++envs > max_envs_) {
-      return BatchError{v1::Error::TOO_LARGE, "env_ids",
-                        absl::StrCat(has_env_ids ? absl::StrCat("env_ids[", i, "]: ", id) : "env 0 (no env_ids)",
-                                     " opens more than server.max_envs_per_stream = ", max_envs_,
-                                     " environments on this stream")};
+      return BatchError{
+          v1::Error::TOO_LARGE, "env_ids",
+          absl::StrCat(has_env_ids ? absl::StrCat("env_ids[", i, "]: ", id) : "env 0 (no env_ids)",
+                       " opens more than server.max_envs_per_stream = ", max_envs_,
+                       " environments on this stream")};
     }
   }
   if (opened != nullptr) *opened = fresh_count;
@@ -102,7 +103,8 @@ int64_t NStepAssembler::Replay(const IncomingBatch& batch, NStepWindows* windows
   return Advance(batch, windows, nullptr);
 }
 
-int64_t NStepAssembler::Advance(const IncomingBatch& batch, NStepWindows* windows, TransitionColumns* out) const {
+int64_t NStepAssembler::Advance(const IncomingBatch& batch, NStepWindows* windows,
+                                TransitionColumns* out) const {
   const int64_t count = batch.count();
   const bool has_env_ids = !batch.env_ids.empty();
   const bool has_truncated = !batch.truncated.empty();
