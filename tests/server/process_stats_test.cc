@@ -1,7 +1,6 @@
 #include "server/process_stats.h"
 
 #include <fcntl.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmath>
