@@ -35,10 +35,21 @@ const std::vector<std::string>& BatchFieldNames() {
 }
 
 int64_t FirstNonFinite(const float* x, int64_t n) {
-  // Branch-free scan first (vectorizes over the whole column); the index of
-  // the offending value is searched only when the column is known to be bad.
+  // Branch-free scan first; the index of the offending value is searched
+  // only when the column is known to be bad. Blocks of 8 with a fixed inner
+  // loop, which GCC vectorizes at -O2 (its cheap cost model leaves the plain
+  // loop scalar: 7 % of the daemon at 1024 transitions per message).
+  constexpr int64_t kBlock = 8;
   uint32_t bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    uint32_t bits[kBlock];
+    std::memcpy(bits, x + i, sizeof(bits));
+    uint32_t block = 0;
+    for (int64_t k = 0; k < kBlock; ++k) block |= static_cast<uint32_t>((bits[k] & 0x7f800000u) == 0x7f800000u);
+    bad |= block;
+  }
+  for (; i < n; ++i) {
     uint32_t bits;
     std::memcpy(&bits, &x[i], sizeof(bits));
     bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);

@@ -629,6 +629,32 @@ TEST(FirstNonFiniteTest, FindsTheFirstBadValue) {
   EXPECT_EQ(FirstNonFinite(x, 0), -1);
 }
 
+// The blocked scan: every length around its block size, a bad value (NaN,
+// +-inf, a NaN payload) at every position, in the blocks and in the tail;
+// the largest finite values and denormals are fine.
+TEST(FirstNonFiniteTest, EveryPositionAndLengthAroundTheBlocks) {
+  uint32_t payload_bits = 0x7fc01234u;
+  float payload_nan;
+  std::memcpy(&payload_nan, &payload_bits, sizeof(payload_nan));
+  const float bad_values[] = {kNaN, kInf, -kInf, payload_nan};
+  for (int64_t n = 0; n <= 35; ++n) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      x[i] = i % 3 == 0 ? std::numeric_limits<float>::max()
+                        : (i % 3 == 1 ? -std::numeric_limits<float>::denorm_min() : 0.5f * static_cast<float>(i));
+    }
+    EXPECT_EQ(FirstNonFinite(x.data(), n), -1) << "n " << n;
+    for (int64_t at = 0; at < n; ++at) {
+      for (float bad : bad_values) {
+        std::vector<float> y = x;
+        y[at] = bad;
+        if (at + 1 < n) y[n - 1] = kNaN;  // a later bad value does not hide the first
+        ASSERT_EQ(FirstNonFinite(y.data(), n), at) << "n " << n << " at " << at;
+      }
+    }
+  }
+}
+
 TEST(ValidateBatchTest, ErrorToProto) {
   v1::TransitionBatch b = NStep(8);
   wire::SetElement(b.mutable_actions(), 13, int32_t{7});
