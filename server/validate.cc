@@ -46,7 +46,8 @@ int64_t FirstNonFinite(const float* x, int64_t n) {
     uint32_t bits[kBlock];
     std::memcpy(bits, x + i, sizeof(bits));
     uint32_t block = 0;
-    for (int64_t k = 0; k < kBlock; ++k) block |= static_cast<uint32_t>((bits[k] & 0x7f800000u) == 0x7f800000u);
+    for (int64_t k = 0; k < kBlock; ++k)
+      block |= static_cast<uint32_t>((bits[k] & 0x7f800000u) == 0x7f800000u);
     bad |= block;
   }
   for (; i < n; ++i) {

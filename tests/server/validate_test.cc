@@ -640,8 +640,9 @@ TEST(FirstNonFiniteTest, EveryPositionAndLengthAroundTheBlocks) {
   for (int64_t n = 0; n <= 35; ++n) {
     std::vector<float> x(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
-      x[i] = i % 3 == 0 ? std::numeric_limits<float>::max()
-                        : (i % 3 == 1 ? -std::numeric_limits<float>::denorm_min() : 0.5f * static_cast<float>(i));
+      x[i] = i % 3 == 0
+                 ? std::numeric_limits<float>::max()
+                 : (i % 3 == 1 ? -std::numeric_limits<float>::denorm_min() : 0.5f * static_cast<float>(i));
     }
     EXPECT_EQ(FirstNonFinite(x.data(), n), -1) << "n " << n;
     for (int64_t at = 0; at < n; ++at) {
