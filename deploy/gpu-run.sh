@@ -6,6 +6,7 @@
 # Usage: stage/gpu-run.sh [STAGE_DIR]   (env SKIP_TESTS=1, SKIP_SANITIZER=1, SKIP_PEER=1, SKIP_BENCH=1,
 #   PATHS="fused cublas" PRECISIONS=fp32,tf32,bf16 CONFIGS=h200,small, PROFILE=1,
 #   DEMO=1 [DEMO_SECONDS=60]: qstreamd --backend=cuda + CartPole actors via deploy/demo.sh,
+#   METRICS=1: qstreamd --backend=cuda under 5 s of load, its GPU, build and step-time series from /metrics,
 #   E2E=1 [E2E_SECONDS=20 E2E_STREAMS=8]: qstream-bench e2e, qstreamd --backend=cuda under load streams,
 #   INGEST=1 [INGEST_PEERS=cpp INGEST_STREAMS=16]: bench/ingest_compare.py, qstreamd --backend=cuda,
 #   samples_per_insert 1, B = 1024, `qstream-bench load` client processes)
@@ -92,6 +93,31 @@ if [[ "${DEMO:-0}" == 1 && -x "$bin/qstreamd" && -x "$bin/qstream-actor" ]]; the
     timeout $(( ${DEMO_SECONDS:-60} + 60 )) bash "$stage/../deploy/demo.sh" "$bin" > "$out/demo.log" 2>&1
   echo "== demo rc=$? (1 = time cap reached before the return target)" >> "$summary"
   grep -E "^qstreamd|^demo:" "$out/demo.log" | tail -n 8 >> "$summary"
+fi
+
+if [[ "${METRICS:-0}" == 1 && -x "$bin/qstreamd" ]]; then
+  # What /metrics says on the GPU: build info, GPU memory, one step-time
+  # observation per step (count == steps), health.
+  m="$(mktemp -d)"
+  "$bin/qstream-bench" daemon_config --config=h200 --learner_batch=1024 > "$m/h200.pbtxt" 2>/dev/null
+  "$bin/qstreamd" --backend=cuda --config="$m/h200.pbtxt" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
+    --samples_per_insert=0 > "$m/qstreamd.log" 2>&1 &
+  qpid=$!
+  for _ in $(seq 60); do grep -q "listening grpc=" "$m/qstreamd.log" && break; sleep 1; done
+  addr=$(grep -o "grpc=[0-9.:]*" "$m/qstreamd.log" | head -1 | cut -d= -f2)
+  mport=$(grep -o "metrics=127.0.0.1:[0-9]*" "$m/qstreamd.log" | head -1 | cut -d: -f2)
+  timeout 60 "$bin/qstream-bench" load --address="$addr" --config=h200 --streams=8 --items_per_message=1024 \
+    --window_seconds=5 --repeats=1 > "$m/load.jsonl" 2>> "$m/load.log"
+  sleep 2
+  curl -s "127.0.0.1:$mport/metrics" > "$m/metrics.txt"
+  kill -TERM "$qpid"; wait "$qpid"
+  {
+    echo "== metrics (qstreamd --backend=cuda, 5 s of 8 x 1024 load)"
+    grep -E "^qstream_gpu_memory|^qstream_build_info|^qstream_train_step_seconds_(count|sum)|^qstream_train_steps_total|^qstream_serving|^qstream_train_step_seconds_bucket" "$m/metrics.txt"
+    grep -E "health|stopped after| E qstreamd| C qstreamd" "$m/qstreamd.log" | head
+    head -c 600 "$m/load.jsonl"; echo
+  } >> "$summary"
+  rm -rf "$m"
 fi
 
 if [[ "${PROFILE:-0}" == 1 ]]; then
