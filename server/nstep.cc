@@ -78,13 +78,12 @@ std::optional<BatchError> NStepAssembler::Add(const IncomingBatch& batch, NStepW
   // Admission first, so a rejected batch leaves every window untouched.
   // Without env_ids every row is env 0, which counts like any other (a batch
   // of count 0, episode reports only, opens nothing).
-  int64_t envs = static_cast<int64_t>(windows->size());
-  int64_t fresh_count = 0;
+  const int64_t held = static_cast<int64_t>(windows->size());
+  int64_t envs = held;
   absl::flat_hash_set<uint32_t> fresh;
   for (int64_t i = 0; i < (has_env_ids ? count : std::min<int64_t>(count, 1)); ++i) {
     const uint32_t id = has_env_ids ? batch.env_ids[i] : 0;
     if (windows->contains(id) || !fresh.insert(id).second) continue;
-    ++fresh_count;
     if (++envs > max_envs_) {
       return BatchError{
           v1::Error::TOO_LARGE, "env_ids",
@@ -93,7 +92,7 @@ std::optional<BatchError> NStepAssembler::Add(const IncomingBatch& batch, NStepW
                        " environments on this stream")};
     }
   }
-  if (opened != nullptr) *opened = fresh_count;
+  if (opened != nullptr) *opened = envs - held;
   out->Reserve(out->n + count);
   Advance(batch, windows, out);
   return std::nullopt;
