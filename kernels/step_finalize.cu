@@ -7,6 +7,46 @@ namespace {
 
 constexpr int kFinalizeThreads = 1024;
 
+// The batch reductions of the finalize stage, fixed-order block trees; every
+// thread gets the results.
+struct BatchSums {
+  float wloss = 0.0f, clip = 0.0f, qsum = 0.0f, qmin = INFINITY, qmax = -INFINITY, bad = 0.0f;
+
+  __device__ float loss(int batch) const { return wloss / batch; }
+  __device__ bool q_out_of_range(float q_bound) const {
+    return bad > 0.0f || fmaxf(fabsf(qmin), fabsf(qmax)) > q_bound;
+  }
+};
+
+__device__ BatchSums ReduceBatch(const FinalizeArgs& a, float* scratch) {
+  const float* item_loss = a.item_loss != nullptr ? a.item_loss : a.ce;
+  BatchSums r;
+  for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
+    r.wloss += a.weights[b] * item_loss[b];
+    r.clip += a.clip_mass[b];
+    r.qsum += a.q_sum[b];
+    r.qmin = fminf(r.qmin, a.q_min[b]);
+    r.qmax = fmaxf(r.qmax, a.q_max[b]);
+    if (a.q_bad[b] != 0) r.bad = 1.0f;
+  }
+  r.wloss = BlockSum(r.wloss, scratch);
+  r.clip = BlockSum(r.clip, scratch);
+  r.qsum = BlockSum(r.qsum, scratch);
+  r.qmin = BlockMin(r.qmin, scratch);
+  r.qmax = BlockMax(r.qmax, scratch);
+  r.bad = BlockMax(r.bad, scratch);
+  return r;
+}
+
+__global__ void __launch_bounds__(kFinalizeThreads) GroupGuardInputsKernel(FinalizeArgs a, float* out) {
+  __shared__ float scratch[kFinalizeThreads / 32];
+  const BatchSums r = ReduceBatch(a, scratch);
+  if (threadIdx.x == 0) {
+    out[0] = r.loss(a.batch);
+    out[1] = r.q_out_of_range(a.q_bound) ? 1.0f : 0.0f;
+  }
+}
+
 __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs a) {
   extern __shared__ int32_t sh_idx[];  // B
   __shared__ float scratch[kFinalizeThreads / 32];
@@ -15,35 +55,25 @@ __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs 
   float norm_sq = 0.0f;
   for (int i = threadIdx.x; i < kNormBlocks; i += blockDim.x) norm_sq += a.norm_partials[i];
   norm_sq = BlockSum(norm_sq, scratch);
-  const float* item_loss = a.item_loss != nullptr ? a.item_loss : a.ce;
-  float wloss = 0.0f, clip = 0.0f, qsum = 0.0f, qmin = INFINITY, qmax = -INFINITY, bad = 0.0f;
-  for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
-    wloss += a.weights[b] * item_loss[b];
-    clip += a.clip_mass[b];
-    qsum += a.q_sum[b];
-    qmin = fminf(qmin, a.q_min[b]);
-    qmax = fmaxf(qmax, a.q_max[b]);
-    if (a.q_bad[b] != 0) bad = 1.0f;
-  }
-  wloss = BlockSum(wloss, scratch);
-  clip = BlockSum(clip, scratch);
-  qsum = BlockSum(qsum, scratch);
-  qmin = BlockMin(qmin, scratch);
-  qmax = BlockMax(qmax, scratch);
-  bad = BlockMax(bad, scratch);
+  const BatchSums r = ReduceBatch(a, scratch);
+  const float qmin = r.qmin, qmax = r.qmax;
 
   DeviceState* s = a.state;
   if (threadIdx.x == 0) {
-    const float loss = wloss / a.batch;
+    const float loss = r.loss(a.batch);
     const float norm = sqrtf(norm_sq);
+    // In a group the loss and Q tests read the group's values, so every rank
+    // takes the same decision (the norm is of the all-reduced gradient).
+    const float guard_loss = a.group_guard != nullptr ? a.group_guard[0] : loss;
+    const bool q_out = a.group_guard != nullptr ? a.group_guard[1] > 0.0f : r.q_out_of_range(a.q_bound);
     int32_t reason = step::kGuardNone;
-    if (!isfinite(loss)) {
+    if (!isfinite(guard_loss)) {
       reason = step::kGuardNonFiniteLoss;
     } else if (!isfinite(norm)) {
       reason = step::kGuardNonFiniteGrad;
     } else if (a.max_grad_norm > 0.0f && norm > a.max_grad_norm) {
       reason = step::kGuardGradNorm;
-    } else if (bad > 0.0f || fmaxf(fabsf(qmin), fabsf(qmax)) > a.q_bound) {
+    } else if (q_out) {
       reason = step::kGuardQRange;
     }
     s->apply = reason == step::kGuardNone ? 1 : 0;
@@ -65,8 +95,8 @@ __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs 
     st.grad_norm = norm;
     st.q_min = qmin;
     st.q_max = qmax;
-    st.q_mean = qsum / (static_cast<float>(a.batch) * a.total_actions);
-    st.target_clip_fraction = clip / (static_cast<float>(a.batch) * a.num_branches);
+    st.q_mean = r.qsum / (static_cast<float>(a.batch) * a.total_actions);
+    st.target_clip_fraction = r.clip / (static_cast<float>(a.batch) * a.num_branches);
     st.guard = reason;
     st.applied = s->apply;
     sh_apply = s->apply;
@@ -101,6 +131,11 @@ __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs 
 }
 
 }  // namespace
+
+cudaError_t LaunchGroupGuardInputs(const FinalizeArgs& a, float* out, cudaStream_t stream) {
+  GroupGuardInputsKernel<<<1, kFinalizeThreads, 0, stream>>>(a, out);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchFinalize(const FinalizeArgs& a, cudaStream_t stream) {
   FinalizeKernel<<<1, kFinalizeThreads, sizeof(int32_t) * a.batch, stream>>>(a);

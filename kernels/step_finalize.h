@@ -36,6 +36,10 @@ struct FinalizeArgs {
   float max_grad_norm = 0;   // guard; <= 0 disables
   float q_bound = 0;         // guard: largest allowed |Q|
   float clip_grad_norm = 0;  // <= 0 disables
+  // Data-parallel group: [loss, Q out of range (0/1)] averaged over the ranks
+  // (LaunchGroupGuardInputs, then the all-reduce); the guard's loss and Q
+  // tests read these instead of this rank's. Null: this rank alone.
+  const float* group_guard = nullptr;
   float beta1 = 0;
   float beta2 = 0;
   // Priority write-back (step 11).
@@ -62,5 +66,11 @@ struct FinalizeArgs {
 // A block-wide check (one pass, __syncthreads_or) falls back to the O(B^2)
 // scan for a later equal index when they are not sorted, with the same owner.
 cudaError_t LaunchFinalize(const FinalizeArgs& args, cudaStream_t stream);
+
+// This rank's guard inputs for a group, one block with the reductions of
+// LaunchFinalize: out[0] = (1/B) sum_b w_b L_b, out[1] = 1 when any Q is
+// non-finite or |Q| > q_bound, else 0. The all-reduce (mean) of out[0..1]
+// then gives every rank the same guard inputs (group_guard).
+cudaError_t LaunchGroupGuardInputs(const FinalizeArgs& args, float* out, cudaStream_t stream);
 
 }  // namespace qstream::kernels

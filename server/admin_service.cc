@@ -48,6 +48,9 @@ v1::StatusResponse BuildStatus(const LearnerStatus& s, const IngestCounters& cou
   r.set_halt_reason(s.halt_reason);
   r.set_guard_rollbacks(s.guard_rollbacks);
   r.set_last_checkpoint_step(s.checkpoints.last_step);
+  r.set_world_size(config.distributed().world_size());
+  r.set_rank(config.distributed().rank());
+  r.set_pause_at_step(s.pause_at_step);
   return r;
 }
 
@@ -103,9 +106,26 @@ grpc::ServerUnaryReactor* AdminService::Checkpoint(grpc::CallbackServerContext* 
 }
 
 grpc::ServerUnaryReactor* AdminService::Pause(grpc::CallbackServerContext* context,
-                                              const v1::PauseRequest* /*request*/, v1::PauseResponse* /*response*/) {
-  learner_->Pause();
+                                              const v1::PauseRequest* request, v1::PauseResponse* /*response*/) {
   auto* reactor = context->DefaultReactor();
+  const int64_t at_step = request->at_step();
+  if (at_step < 0) {
+    reactor->Finish({grpc::StatusCode::INVALID_ARGUMENT, "at_step: must be >= 0"});
+    return reactor;
+  }
+  if (at_step == 0 && learner_->config().distributed().world_size() > 1) {
+    // Every step all-reduces: a rank stopping at its own count would leave
+    // the others waiting inside the collective.
+    reactor->Finish({grpc::StatusCode::FAILED_PRECONDITION,
+                     "at_step: a rank of a data-parallel group pauses at a step, the same on every rank "
+                     "(e.g. a little past the highest learner_steps of the ranks' Status), not at once"});
+    return reactor;
+  }
+  if (at_step > 0) {
+    learner_->PauseAtStep(at_step);
+  } else {
+    learner_->Pause();
+  }
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -80,13 +81,26 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   auto spec = NetworkSpec::Create(options.config.network());
   if (!spec.ok()) return spec.status();
-  auto backend = CreateBackend(options.config, options.backend);
+  const auto& dist = options.config.distributed();
+  std::optional<DistributedGroup> group;
+  std::unique_ptr<RendezvousServer> rendezvous;
+  if (dist.world_size() > 1) {
+    if (options.backend == BackendKind::kCpu) {
+      return absl::FailedPreconditionError(
+          "distributed.world_size > 1: a data-parallel group needs the CUDA backend (NCCL), not --backend=cpu");
+    }
+    auto formed = FormGroup(options, authorizer, &rendezvous);
+    if (!formed.ok()) return formed.status();
+    group = *std::move(formed);
+  }
+  auto backend = CreateBackend(options.config, options.backend, group.has_value() ? &*group : nullptr);
   if (!backend.ok()) return backend.status();
   auto learner = Learner::Create(options.config, std::move(*backend));
   if (!learner.ok()) return learner.status();
 
   std::unique_ptr<Daemon> d(new Daemon(options));
   d->learner_ = std::move(*learner);
+  d->rendezvous_ = std::move(rendezvous);
   d->authorizer_ = authorizer;
   if (!options.checkpoint_dir.empty()) {
     Daemon* raw = d.get();
@@ -95,7 +109,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       if (raw->sessions_) raw->sessions_->Save(manifest->mutable_ingest());
     });
   }
-  auto metrics = Metrics::Create(options.metrics, d->learner_.get(), &d->counters_);
+  MetricsOptions metrics_options = options.metrics;
+  if (group.has_value()) metrics_options.const_labels["rank"] = absl::StrCat(dist.rank());
+  auto metrics = Metrics::Create(metrics_options, d->learner_.get(), &d->counters_);
   if (!metrics.ok()) return metrics.status();
   d->metrics_ = std::move(*metrics);
   const AuthFailureCounters auth_failures = AddAuthFailureMetric(d->metrics_->registry().get());
@@ -143,6 +159,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       d->Shutdown(absl::ZeroDuration());
       return st;
     }
+  }
+  if (group.has_value()) {
+    // Rank 0's network (restored or fresh) becomes every rank's.
+    if (absl::Status st = d->learner_->SyncGroup(); !st.ok()) {
+      d->Shutdown(absl::ZeroDuration());
+      return st;
+    }
+    spdlog::info("distributed: rank {} of {} in step with rank 0 at learner step {}", dist.rank(),
+                 dist.world_size(), d->learner_->status().steps);
   }
   Daemon* raw = d.get();
   d->health_ = std::make_unique<HealthMonitor>(
@@ -210,6 +235,57 @@ void Daemon::Shutdown(absl::Duration deadline) {
   shutdown_thread.join();
   server_->Wait();
   metrics_->Stop();
+}
+
+absl::StatusOr<DistributedGroup> Daemon::FormGroup(const DaemonOptions& options,
+                                                   std::shared_ptr<TokenAuthorizer> authorizer,
+                                                   std::unique_ptr<RendezvousServer>* rendezvous) {
+  const auto& dist = options.config.distributed();
+  const absl::Duration timeout = absl::Seconds(dist.rendezvous_timeout_seconds());
+  DistributedGroup group;
+  group.world_size = dist.world_size();
+  group.rank = dist.rank();
+  if (dist.rank() == 0) {
+    std::string listen = dist.rendezvous_listen();
+    if (listen.empty()) {
+      const size_t colon = dist.rendezvous_address().rfind(':');
+      listen = absl::StrCat("0.0.0.0:", colon == std::string::npos ? "" : dist.rendezvous_address().substr(colon + 1));
+    }
+    if (absl::Status st = CheckSecurityOptions(options.security, listen); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("distributed.rendezvous_listen=", listen, ": ", st.message()));
+    }
+    auto id = NewGroupId();
+    if (!id.ok()) return id.status();
+    RendezvousServer::Options ro;
+    ro.listen = listen;
+    ro.config = options.config;
+    ro.unique_id = *id;
+    ro.security = options.security;
+    ro.authorizer = std::move(authorizer);
+    auto server = RendezvousServer::Start(ro);
+    if (!server.ok()) return server.status();
+    spdlog::info("distributed: rank 0 of {}, rendezvous on port {}; waiting for the other ranks",
+                 dist.world_size(), (*server)->port());
+    if (absl::Status st = (*server)->AwaitGroup(timeout, options.cancelled); !st.ok()) return st;
+    group.nccl_unique_id = *id;
+    *rendezvous = *std::move(server);
+  } else {
+    JoinOptions jo;
+    jo.address = dist.rendezvous_address();
+    jo.config = options.config;
+    jo.tls_ca_file = options.rendezvous_tls_ca;
+    jo.tls_cert_file = options.security.tls_cert;
+    jo.tls_key_file = options.security.tls_key;
+    jo.token_file = options.rendezvous_token_file;
+    jo.timeout = timeout;
+    jo.cancelled = options.cancelled;
+    auto id = JoinGroup(jo);
+    if (!id.ok()) return id.status();
+    group.nccl_unique_id = *id;
+  }
+  spdlog::info("distributed: group of {} formed; rank {} creates its NCCL communicator", group.world_size,
+               group.rank);
+  return group;
 }
 
 absl::Status Daemon::Restore() {

@@ -4,6 +4,7 @@
 // qstreamd's main and by the in-process ingest benchmark.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -18,6 +19,7 @@
 #include "server/ingest_sessions.h"
 #include "server/metrics.h"
 #include "server/policy_service.h"
+#include "server/rendezvous.h"
 #include "server/security.h"
 #include "trainer/backends/backend_factory.h"
 #include "trainer/learner.h"
@@ -47,6 +49,14 @@ struct DaemonOptions {
   // How often the health monitor checks the learner's liveness
   // (server.liveness_timeout_seconds).
   absl::Duration health_check_period = absl::Seconds(1);
+  // Data-parallel group (config distributed, ranks > 0): TLS to rank 0's
+  // rendezvous when set (the CA of its certificate; security.tls_cert/key
+  // are the client certificate), and the admin token it wants.
+  std::string rendezvous_tls_ca;
+  std::string rendezvous_token_file;
+  // Checked while Start waits to form the group (may be empty): true stops
+  // the wait with CANCELLED (qstreamd: a SIGTERM/SIGINT is pending).
+  std::function<bool()> cancelled;
 };
 
 class Daemon {
@@ -93,6 +103,11 @@ class Daemon {
   void SetServing(bool serving, bool live);
   // Loads options_.restore into the learner and the ingest sessions.
   absl::Status Restore();
+  // Data-parallel group: rank 0 serves the rendezvous (kept in rendezvous_
+  // to refuse late joins) and waits for every rank; the others join it.
+  static absl::StatusOr<DistributedGroup> FormGroup(const DaemonOptions& options,
+                                                    std::shared_ptr<TokenAuthorizer> authorizer,
+                                                    std::unique_ptr<RendezvousServer>* rendezvous);
 
   const DaemonOptions options_;
   IngestCounters counters_;
@@ -105,6 +120,7 @@ class Daemon {
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> health_server_;  // --health_listen
+  std::unique_ptr<RendezvousServer> rendezvous_;  // rank 0 of a group
   std::unique_ptr<HealthMonitor> health_;
   int grpc_port_ = 0;
   int health_port_ = 0;

@@ -36,6 +36,26 @@ std::vector<double> StepSecondsBuckets() {
 
 namespace {
 
+// A registry whose every series carries `labels` too.
+class ConstLabels final : public prometheus::Collectable {
+ public:
+  ConstLabels(std::shared_ptr<prometheus::Collectable> inner, const std::map<std::string, std::string>& labels)
+      : inner_(std::move(inner)), labels_(labels.begin(), labels.end()) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> families = inner_->Collect();
+    for (prometheus::MetricFamily& family : families) {
+      for (prometheus::ClientMetric& metric : family.metric) {
+        for (const auto& [name, value] : labels_) metric.label.push_back({name, value});
+      }
+    }
+    return families;
+  }
+
+ private:
+  const std::shared_ptr<prometheus::Collectable> inner_;
+  const std::vector<std::pair<std::string, std::string>> labels_;
+};
+
 prometheus::Gauge& Gauge(prometheus::Registry& r, const std::string& name, const std::string& help,
                          const prometheus::Labels& labels = {}) {
   return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add(labels);
@@ -349,6 +369,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
                                                          const IngestCounters* counters) {
   if (absl::Status st = ValidateMetricsOptions(options); !st.ok()) return st;
   std::unique_ptr<Metrics> m(new Metrics(options, learner, counters));
+  m->exported_ = options.const_labels.empty()
+                     ? std::shared_ptr<prometheus::Collectable>(m->registry_)
+                     : std::make_shared<ConstLabels>(m->registry_, options.const_labels);
   if (!options.auth_file.empty()) {
     auto auth = MetricsAuth::Load(options.auth_file);
     if (!auth.ok()) return auth.status();
@@ -369,7 +392,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
           [auth](const std::string& user, const std::string& pass) { return auth->Check(user, pass); },
           kAuthRealm);
     }
-    m->exposer_->RegisterCollectable(m->registry_);
+    m->exposer_->RegisterCollectable(m->exported_);
     const auto ports = m->exposer_->GetListeningPorts();
     if (ports.empty()) return absl::UnavailableError(absl::StrCat("--metrics_listen=", options.listen, ": not bound"));
     m->port_ = ports.front();
@@ -396,7 +419,7 @@ void Metrics::Start(const std::string& instance) {
     const std::string label = options_.instance.empty() ? instance : options_.instance;
     gateway_ = std::make_unique<prometheus::Gateway>(gateway_host_, gateway_port_, options_.push_job,
                                                      prometheus::Labels{{"instance", label}});
-    gateway_->RegisterCollectable(registry_);
+    gateway_->RegisterCollectable(exported_);
   }
   thread_ = std::thread([this] { Run(); });
 }

@@ -68,6 +68,9 @@ struct MetricsOptions {
   std::string push_job = "qstream-push";
   // How often the statistics are read from the learner.
   absl::Duration poll_interval = absl::Milliseconds(500);
+  // Labels every exported series carries, scraped and pushed (the daemon
+  // sets rank="<r>" in a data-parallel group).
+  std::map<std::string, std::string> const_labels;
 };
 
 // Step-time histogram buckets, seconds: 1-2-5 steps from 10 us to 1 s.
@@ -149,6 +152,8 @@ class Metrics {
   Learner* const learner_;
   const IngestCounters* const counters_;
   std::shared_ptr<prometheus::Registry> registry_;
+  // What the exposer and the gateway collect: registry_ with const_labels.
+  std::shared_ptr<prometheus::Collectable> exported_;
   std::unique_ptr<MetricsAuth> auth_;  // declared before exposer_: outlives its workers
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<prometheus::Gateway> gateway_;

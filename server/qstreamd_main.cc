@@ -84,6 +84,15 @@ ABSL_FLAG(std::optional<int>, n_step, std::nullopt, "returns.n_step");
 ABSL_FLAG(std::optional<double>, gamma, std::nullopt, "returns.gamma");
 ABSL_FLAG(std::optional<int>, publish_every, std::nullopt, "server.publish_every");
 ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt, "seed");
+ABSL_FLAG(std::optional<int>, world_size, std::nullopt,
+          "distributed.world_size: data-parallel ranks (one daemon per GPU; README \"Scale-out\")");
+ABSL_FLAG(std::optional<int>, rank, std::nullopt, "distributed.rank: this daemon's rank in [0, world_size)");
+ABSL_FLAG(std::optional<std::string>, rendezvous_address, std::nullopt,
+          "distributed.rendezvous_address: host:port of rank 0's rendezvous");
+ABSL_FLAG(std::string, rendezvous_tls_ca, "",
+          "ranks > 0: PEM CA of rank 0's certificate; TLS to its rendezvous (client certificate: --tls_cert)");
+ABSL_FLAG(std::string, rendezvous_token_file, "",
+          "ranks > 0: file with an admin token of rank 0 (when it has --auth_tokens)");
 
 namespace qstream {
 namespace {
@@ -154,6 +163,9 @@ absl::StatusOr<v1::TrainerConfig> EffectiveConfig() {
   if (auto v = absl::GetFlag(FLAGS_gamma)) config.mutable_returns()->set_gamma(static_cast<float>(*v));
   if (auto v = absl::GetFlag(FLAGS_publish_every)) config.mutable_server()->set_publish_every(*v);
   if (auto v = absl::GetFlag(FLAGS_seed)) config.set_seed(*v);
+  if (auto v = absl::GetFlag(FLAGS_world_size)) config.mutable_distributed()->set_world_size(*v);
+  if (auto v = absl::GetFlag(FLAGS_rank)) config.mutable_distributed()->set_rank(*v);
+  if (auto v = absl::GetFlag(FLAGS_rendezvous_address)) config.mutable_distributed()->set_rendezvous_address(*v);
   if (auto st = ValidateConfig(config); !st.ok()) return st;
   return config;
 }
@@ -229,9 +241,19 @@ int Main(int argc, char** argv) {
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options.restore = absl::GetFlag(FLAGS_restore);
   options.start_paused = absl::GetFlag(FLAGS_start_paused);
+  options.rendezvous_tls_ca = absl::GetFlag(FLAGS_rendezvous_tls_ca);
+  options.rendezvous_token_file = absl::GetFlag(FLAGS_rendezvous_token_file);
+  // The signals stay blocked until sigwait below; a long start (forming a
+  // group) still stops on one.
+  options.cancelled = [] {
+    sigset_t pending;
+    sigpending(&pending);
+    return sigismember(&pending, SIGTERM) == 1 || sigismember(&pending, SIGINT) == 1;
+  };
   auto daemon = Daemon::Start(options);
   if (!daemon.ok()) {
     spdlog::critical("{}", std::string(daemon.status().message()));
+    if (daemon.status().code() == absl::StatusCode::kCancelled) return 0;
     return daemon.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitSetup;
   }
   spdlog::info("{}", (*daemon)->StartupLine());

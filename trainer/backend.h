@@ -152,6 +152,19 @@ class Backend {
   // capacity is resized (ResizeReplayState). kAll without a replay empties
   // the replay. The statistics restart from the restored counters.
   virtual absl::Status LoadState(const BackendState& state, StateParts parts) = 0;
+
+  // Data-parallel group (config distributed; the CUDA backend over NCCL):
+  // every Step all-reduces (averages) the flat gradient buffer and the
+  // guard's inputs over the ranks before step 9, so all ranks take the same
+  // guard decision and apply the same update. SyncGroup makes rank 0's
+  // network state (online and target parameters, Adam moments, t and the
+  // applied-update count) every rank's; a collective, called by every rank
+  // at the same point (after its restore, before its first step). No-op
+  // without a group.
+  virtual absl::Status SyncGroup() { return absl::OkStatus(); }
+  // World size and rank of the backend's group; 1 and 0 without one.
+  virtual int world_size() const { return 1; }
+  virtual int rank() const { return 0; }
 };
 
 }  // namespace qstream

@@ -122,6 +122,14 @@ absl::Status ValidateConfig(const v1::TrainerConfig& c) {
   if (!(blend.start() >= 0 && blend.start() <= 1)) return Bad("loss.mse_blend.start", "must be in [0, 1]");
   if (!(blend.end() >= 0 && blend.end() <= 1)) return Bad("loss.mse_blend.end", "must be in [0, 1]");
   if (blend.steps() < 0) return Bad("loss.mse_blend.steps", "must be >= 0");
+  const auto& d = c.distributed();
+  if (d.world_size() < 1 || d.world_size() > 1024) return Bad("distributed.world_size", "must be in [1, 1024]");
+  if (d.rank() < 0 || d.rank() >= d.world_size())
+    return Bad("distributed.rank", absl::StrCat("must be in [0, world_size = ", d.world_size(), ")"));
+  if (d.world_size() > 1 && d.rendezvous_address().empty())
+    return Bad("distributed.rendezvous_address", "is required when world_size > 1 (host:port of rank 0)");
+  if (!Finite(d.rendezvous_timeout_seconds()) || d.rendezvous_timeout_seconds() <= 0)
+    return Bad("distributed.rendezvous_timeout_seconds", "must be > 0");
   return absl::OkStatus();
 }
 

@@ -209,11 +209,32 @@ void Learner::Pause() {
       +[](bool* stepping) { return !*stepping; }, &stepping_));
 }
 
+void Learner::PauseAtStep(int64_t step) {
+  if (step <= 0) return Pause();
+  absl::MutexLock lock(&mu_);
+  pause_at_step_ = step;
+  recheck_ = true;  // a parked learner past `step` pauses now
+}
+
+absl::Status Learner::SyncGroup() {
+  if (absl::Status st = backend_->SyncGroup(); !st.ok()) return st;
+  {
+    absl::MutexLock lock(&mu_);
+    status_.steps = backend_->steps();
+    status_.last_stats = StepStats{};
+    status_.last_stats.step = status_.steps;
+  }
+  Publish();
+  return absl::OkStatus();
+}
+
 void Learner::Resume() {
   bool was_halted;
   {
     absl::MutexLock lock(&mu_);
     paused_ = false;
+    pause_at_step_ = 0;
+    pending_halt_reason_.clear();
     step_failed_.store(false, std::memory_order_relaxed);
     recheck_ = true;  // inline inserts while paused may have made sampling possible
     was_halted = halted_;
@@ -436,12 +457,29 @@ absl::Status Learner::WriteFinalCheckpoint() {
 void Learner::HandleRepeatedTrips(const StepStats& stats, int64_t steps) {
   const int max_trips = config_.guard().max_consecutive_trips();
   if (max_trips <= 0 || stats.consecutive_trips < max_trips) return;
-  const bool rollback_wanted = config_.guard().on_repeated_trips() == v1::GuardConfig::ROLLBACK;
+  const bool group = config_.distributed().world_size() > 1;
+  // A group cannot roll back: each rank holds its own checkpoints.
+  const bool rollback_wanted = config_.guard().on_repeated_trips() == v1::GuardConfig::ROLLBACK && !group;
   std::shared_ptr<const GoodNetwork> good;
   std::string why;
   {
     absl::MutexLock lock(&mu_);
-    if (halted_) return;
+    if (halted_ || !pending_halt_reason_.empty()) return;
+    if (group) {
+      // Every rank halts at the same step: the tripping run and its start are
+      // the same on every rank (the guard decides on group values), and a
+      // rank sees the run's statistics at most 2 stats windows + the steps in
+      // flight after it crossed max_trips.
+      const int64_t run_start = stats.step - stats.consecutive_trips;
+      const int64_t margin = 2 * int64_t{std::max(1, config_.server().stats_every())} + 3;
+      pause_at_step_ = std::max(run_start + max_trips + margin, steps);
+      pending_halt_reason_ =
+          absl::StrCat("guard: ", stats.consecutive_trips, " consecutive tripped steps (last reason ",
+                       GuardReasonName(stats.guard), "); a data-parallel group halts at step ", pause_at_step_,
+                       " on every rank");
+      recheck_ = true;
+      return;
+    }
     const int64_t run_start = stats.step - stats.consecutive_trips;
     const bool tripping_since_rollback = rollback_step_ >= 0 && run_start <= rollback_step_;
     if (rollback_wanted && !tripping_since_rollback && good_network_ != nullptr &&
@@ -489,6 +527,7 @@ LearnerStatus Learner::status() const {
     s = status_;
     s.pending_batches = static_cast<int64_t>(pending_.size());
     s.paused = paused_;
+    s.pause_at_step = pause_at_step_;
     s.running = running_;
   }
   s.insert_rounds = insert_rounds_.load(std::memory_order_relaxed);
@@ -676,10 +715,23 @@ void Learner::Run() {
     bool step = false;
     bool refresh_before_waiting = false;
     bool round_hit_budget = false;
+    bool halted_now = false;
     {
       absl::MutexLock lock(&mu_);
       stepping_ = false;
       status_.steps = steps;
+      if (pause_at_step_ > 0 && steps >= pause_at_step_) {
+        paused_ = true;
+        pause_at_step_ = 0;
+        if (!pending_halt_reason_.empty()) {
+          spdlog::error("learner halted: {}", pending_halt_reason_);
+          halted_ = true;
+          status_.halted = true;
+          status_.halt_reason = std::move(pending_halt_reason_);
+          pending_halt_reason_.clear();
+          halted_now = true;
+        }
+      }
       // Only this thread changes the limiter, so its answers hold while we wait.
       const bool can_sample = replay_size > 0 && limiter_.CanSample(batch_size);
       const bool can_insert = limiter_.CanInsert();
@@ -742,6 +794,7 @@ void Learner::Run() {
         stepping_ = true;
       }
     }
+    if (halted_now && halt_listener_) halt_listener_(true);
     if (refresh_before_waiting) {
       last_step_started_.reset();  // an idle spell is no step period
       RefreshStats(steps);

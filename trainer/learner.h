@@ -77,6 +77,8 @@ struct LearnerStatus {
   bool sample_blocked = false;  // learner is waiting for data
   bool insert_blocked = false;  // pending batches wait for the learner
   bool paused = false;
+  // The learner pauses once it has taken this many steps (PauseAtStep; 0: none).
+  int64_t pause_at_step = 0;
   bool running = false;
   StepStats last_stats;
   std::vector<int64_t> guard_trips;  // index = GuardReason
@@ -146,6 +148,16 @@ class Learner {
 
   // Pause returns once no step is in flight; not to be called from a listener.
   void Pause();
+  // Runs until the learner has taken `step` steps, then pauses (at once when
+  // already there). Returns without waiting. The ranks of a data-parallel
+  // group pause this way, with the same step on every rank: a step all-reduces,
+  // so a rank that stops at another count leaves the others waiting inside
+  // the collective.
+  void PauseAtStep(int64_t step);
+  // Data-parallel group (config distributed): takes rank 0's network state
+  // (Backend::SyncGroup) and publishes it. Every rank calls it once, after
+  // any restore and before Start.
+  absl::Status SyncGroup();
   // Also clears a guard halt.
   void Resume();
 
@@ -266,6 +278,11 @@ class Learner {
   std::shared_ptr<const GoodNetwork> good_network_ ABSL_GUARDED_BY(mu_);
   int64_t rollback_step_ ABSL_GUARDED_BY(mu_) = -1;  // step of the last rollback
   bool halted_ ABSL_GUARDED_BY(mu_) = false;
+  // PauseAtStep: pause once `steps` reaches it (0: no such stop). A group
+  // halts this way too, at a step every rank computes alike; then
+  // pending_halt_reason_ says why.
+  int64_t pause_at_step_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string pending_halt_reason_ ABSL_GUARDED_BY(mu_);
   HaltListener halt_listener_;
   std::thread thread_;
 };

@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "qstream/v1/config.pb.h"
 #include "trainer/backend.h"
+#include "trainer/distributed.h"
 
 namespace qstream {
 
@@ -19,6 +20,12 @@ absl::StatusOr<BackendKind> ParseBackendKind(const std::string& name);
 // gets the reason when not.
 bool CudaBackendAvailable(std::string* why);
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const v1::TrainerConfig& config, BackendKind kind);
+// `group`: joins that data-parallel group (CUDA only; null: none).
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const v1::TrainerConfig& config, BackendKind kind,
+                                                       const DistributedGroup* group = nullptr);
+
+// A fresh NCCL unique id for a group that rank 0 forms (server/rendezvous.h);
+// FailedPrecondition when this build or host has no NCCL.
+absl::StatusOr<std::string> NewGroupId();
 
 }  // namespace qstream

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <optional>
 #include <cstdlib>
 #include <utility>
 #include <vector>
@@ -24,6 +26,7 @@
 #include "trainer/cuda/device_replay.h"
 #include "trainer/cuda/fused_network.h"
 #include "trainer/cuda/gemm.h"
+#include "trainer/cuda/nccl.h"
 #include "trainer/cuda/step_times.h"
 
 namespace qstream {
@@ -38,6 +41,9 @@ constexpr int kStatsSlots = 4;
 // The target parameters start this many floats (256 bytes) aligned after
 // the online ones, so both batches of a strided GEMM are equally aligned.
 constexpr int64_t kParamAlignFloats = 64;
+// Floats after the gradient in the group all-reduce: the guard's inputs
+// (kernels::LaunchGroupGuardInputs).
+constexpr int64_t kGroupGuardFloats = 2;
 // Default shared memory a block may use without opting in.
 constexpr size_t kSharedBytesLimit = 48 * 1024;
 
@@ -84,7 +90,8 @@ struct Activations {
 
 class CudaBackend final : public Backend {
  public:
-  static absl::StatusOr<std::unique_ptr<Backend>> Create(const v1::TrainerConfig& config);
+  static absl::StatusOr<std::unique_ptr<Backend>> Create(const v1::TrainerConfig& config,
+                                                         const DistributedGroup* group);
 
   std::string name() const override { return "cuda"; }
   std::string device() const override { return device_name_ + " [" + path_ + "]"; }
@@ -138,9 +145,15 @@ class CudaBackend final : public Backend {
   absl::Status SetParams(const std::vector<float>& params) override;
   absl::Status SaveState(bool include_replay, BackendState* out) override;
   absl::Status LoadState(const BackendState& state, StateParts parts) override;
+  absl::Status SyncGroup() override;
+  int world_size() const override { return comm_ != nullptr ? comm_->world_size() : 1; }
+  int rank() const override { return comm_ != nullptr ? comm_->rank() : 0; }
 
  private:
-  CudaBackend(const v1::TrainerConfig& config, NetworkSpec spec);
+  CudaBackend(const v1::TrainerConfig& config, NetworkSpec spec, const DistributedGroup* group);
+  // Joins the group: communicator, rank 0's initial parameters, and one
+  // all-reduce outside the graph so NCCL connects before the capture.
+  absl::Status InitGroup();
   absl::Status Init();
   absl::Status CaptureStep();
   // The learner step, one line per stage of DESIGN.md; enqueued once into the graph.
@@ -152,6 +165,8 @@ class CudaBackend final : public Backend {
   float* params() const { return net_params_.get(); }
   float* target() const { return net_params_.get() + target_offset_; }
   absl::Status EnqueueBackward();
+  // cuBLASLt loads its kernels on first use: run the passes once outside the capture.
+  absl::Status WarmUpCublasLt();
   // The loss over the logits the network pass wrote (fused or cuBLASLt).
   absl::Status EnqueueLoss();
   absl::Status EnqueueStatsCopy() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -176,8 +191,15 @@ class CudaBackend final : public Backend {
 
   // One flat buffer each, layout of NetworkSpec; online and target parameters
   // share one allocation [online | target] so one strided GEMM serves both.
+  // grads_ holds kGroupGuardFloats more: the guard inputs a group all-reduces
+  // with the gradient.
   DeviceBuffer<float> net_params_, grads_, adam_m_, adam_v_;
   int64_t target_offset_ = 0;  // num_params rounded up to 256 bytes
+  float* group_guard() const { return grads_.get() + spec_.num_params; }
+
+  // Data-parallel group (null comm_: none).
+  std::optional<DistributedGroup> group_;
+  std::unique_ptr<cuda::NcclComm> comm_;
 
   // Sampled batch: x holds s in rows [0, B), s' in [B, 2B), zeros in [2B, 3B)
   // (the target pass reads rows [B, 3B) and only its first B rows are used).
@@ -227,13 +249,14 @@ class CudaBackend final : public Backend {
   cuda::StepTimes step_times_ ABSL_GUARDED_BY(mu_);
 };
 
-CudaBackend::CudaBackend(const v1::TrainerConfig& config, NetworkSpec spec)
+CudaBackend::CudaBackend(const v1::TrainerConfig& config, NetworkSpec spec, const DistributedGroup* group)
     : config_(config),
       spec_(std::move(spec)),
       B_(config.replay().batch_size()),
       stats_every_(std::max(1, config.server().stats_every())),
       precision_(static_cast<kernels::Precision>(MatmulPrecision(config))),
       latest_trips_(kNumGuardReasons, 0) {
+  if (group != nullptr) group_ = *group;
   head_.num_atoms = spec_.num_atoms;
   head_.num_branches = spec_.num_branches();
   head_.total_actions = spec_.total_actions();
@@ -243,7 +266,8 @@ CudaBackend::CudaBackend(const v1::TrainerConfig& config, NetworkSpec spec)
   for (int br = 0; br <= spec_.num_branches(); ++br) head_.branch_offset[br] = spec_.branch_offset(br);
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const v1::TrainerConfig& config) {
+absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const v1::TrainerConfig& config,
+                                                             const DistributedGroup* group) {
   QS_RETURN_IF_ERROR(ValidateConfig(config));
   auto spec = NetworkSpec::Create(config.network());
   if (!spec.ok()) return spec.status();
@@ -255,7 +279,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const v1::TrainerCo
     return absl::UnimplementedError(absl::StrCat("network.branch_actions: the CUDA backend supports at most ",
                                                  kernels::kMaxBranches, " branches"));
   }
-  std::unique_ptr<CudaBackend> b(new CudaBackend(config, *std::move(spec)));
+  std::unique_ptr<CudaBackend> b(new CudaBackend(config, *std::move(spec), group));
   QS_RETURN_IF_ERROR(b->Init());
   return std::unique_ptr<Backend>(std::move(b));
 }
@@ -289,10 +313,12 @@ absl::Status CudaBackend::Init() {
   const size_t n = spec_.num_params;
   target_offset_ = (spec_.num_params + kParamAlignFloats - 1) / kParamAlignFloats * kParamAlignFloats;
   QS_RETURN_IF_ERROR(net_params_.Allocate(2 * target_offset_));
-  for (auto* buf : {&grads_, &adam_m_, &adam_v_}) QS_RETURN_IF_ERROR(buf->Allocate(n));
+  QS_RETURN_IF_ERROR(grads_.Allocate(n + kGroupGuardFloats));
+  for (auto* buf : {&adam_m_, &adam_v_}) QS_RETURN_IF_ERROR(buf->Allocate(n));
   const std::vector<float> init = InitParams(spec_, config_.seed());
   QS_CUDA_CHECK(cudaMemcpy(params(), init.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   QS_CUDA_CHECK(cudaMemcpy(target(), init.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  if (group_.has_value()) QS_RETURN_IF_ERROR(InitGroup());
 
   const int Z = spec_.num_atoms;
   const int NB = spec_.num_branches();
@@ -361,9 +387,21 @@ absl::Status CudaBackend::Init() {
     io.norm_partials = norm_partials_.get();
     QS_RETURN_IF_ERROR(fused_->Init(spec_, B, precision_, io, stream_.get()));
     path_ = absl::StrCat("fused ", precision_name);
-    return CaptureStep();
+  } else {
+    path_ = absl::StrCat("cublaslt ", precision_name, "; fused path off: ", why_not);
+    QS_RETURN_IF_ERROR(WarmUpCublasLt());
   }
-  path_ = absl::StrCat("cublaslt ", precision_name, "; fused path off: ", why_not);
+  QS_RETURN_IF_ERROR(CaptureStep());
+  // Every allocation is made by now (none after the capture).
+  size_t free_bytes = 0, total_bytes = 0;
+  QS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  device_memory_ = {.used_bytes = static_cast<int64_t>(total_bytes - free_bytes),
+                    .total_bytes = static_cast<int64_t>(total_bytes)};
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::WarmUpCublasLt() {
+  const int B = B_;
 
   // cuBLASLt picks and loads its kernels on first use; do that outside
   // capture (on zero-filled buffers, so nothing observable changes), and
@@ -392,12 +430,18 @@ absl::Status CudaBackend::Init() {
   }
   QS_RETURN_IF_ERROR(warm);
   QS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-  QS_RETURN_IF_ERROR(CaptureStep());
-  // Every allocation is made by now (none after the capture).
-  size_t free_bytes = 0, total_bytes = 0;
-  QS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  device_memory_ = {.used_bytes = static_cast<int64_t>(total_bytes - free_bytes),
-                    .total_bytes = static_cast<int64_t>(total_bytes)};
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::InitGroup() {
+  auto comm = cuda::NcclComm::Create(group_->nccl_unique_id, group_->world_size, group_->rank);
+  if (!comm.ok()) return comm.status();
+  comm_ = *std::move(comm);
+  cudaStream_t s = stream_.get();
+  QS_RETURN_IF_ERROR(comm_->Broadcast(net_params_.get(), static_cast<int64_t>(net_params_.bytes()), 0, s));
+  // The gradient buffer is still zero: its mean is zero too.
+  QS_RETURN_IF_ERROR(comm_->AllReduceMean(grads_.get(), static_cast<int64_t>(grads_.size()), s));
+  QS_CUDA_CHECK(cudaStreamSynchronize(s));
   return absl::OkStatus();
 }
 
@@ -501,6 +545,15 @@ absl::Status CudaBackend::EnqueueStep() {
   fin.priority_epsilon = rep.priority_epsilon();
   fin.alpha = rep.alpha();
   fin.state = state_.get();
+  if (comm_ != nullptr) {
+    // 8b. Data-parallel group: this rank's guard inputs beside its gradient,
+    //     one all-reduce (mean over the ranks) of both, and the norm partials
+    //     again, of the mean gradient. From here on every rank computes alike.
+    QS_CUDA_CHECK(kernels::LaunchGroupGuardInputs(fin, group_guard(), s));
+    QS_RETURN_IF_ERROR(comm_->AllReduceMean(grads_.get(), spec_.num_params + kGroupGuardFloats, s));
+    QS_CUDA_CHECK(kernels::LaunchGradSumSquares(grads_.get(), spec_.num_params, norm_partials_.get(), s));
+    fin.group_guard = group_guard();
+  }
   QS_CUDA_CHECK(kernels::LaunchFinalize(fin, s));
 
   // 10. Clip + Adam (skipped on a trip) and the target update, one pass.
@@ -855,10 +908,36 @@ absl::Status CudaBackend::LoadState(const BackendState& in, StateParts parts) {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::SyncGroup() {
+  if (comm_ == nullptr) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  if (!error_.ok()) return error_;
+  QS_RETURN_IF_ERROR(step_times_.Close());
+  cudaStream_t s = stream_.get();
+  QS_RETURN_IF_ERROR(comm_->Broadcast(net_params_.get(), static_cast<int64_t>(net_params_.bytes()), 0, s));
+  QS_RETURN_IF_ERROR(comm_->Broadcast(adam_m_.get(), static_cast<int64_t>(adam_m_.bytes()), 0, s));
+  QS_RETURN_IF_ERROR(comm_->Broadcast(adam_v_.get(), static_cast<int64_t>(adam_v_.bytes()), 0, s));
+  // t and the applied-update count lead DeviceState; the rest (replay
+  // cursor, max priority, trips) stays this rank's.
+  static_assert(offsetof(kernels::DeviceState, t) == 0 &&
+                offsetof(kernels::DeviceState, adam_updates) == sizeof(int64_t));
+  QS_RETURN_IF_ERROR(comm_->Broadcast(state_.get(), 2 * sizeof(int64_t), 0, s));
+  kernels::DeviceState state;
+  QS_CUDA_CHECK(cudaMemcpyAsync(&state, state_.get(), sizeof(state), cudaMemcpyDeviceToHost, s));
+  QS_CUDA_CHECK(cudaStreamSynchronize(s));
+  steps_ = state.t;
+  latest_stats_ = StepStats{};
+  latest_stats_.step = state.t;
+  stats_seq_.assign(kStatsSlots, -1);
+  latest_seq_ = -1;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const v1::TrainerConfig& config) {
-  return CudaBackend::Create(config);
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const v1::TrainerConfig& config,
+                                                           const DistributedGroup* group) {
+  return CudaBackend::Create(config, group);
 }
 
 bool CudaDeviceAvailable(std::string* why) {

@@ -18,10 +18,15 @@
 #include "absl/status/statusor.h"
 #include "qstream/v1/config.pb.h"
 #include "trainer/backend.h"
+#include "trainer/distributed.h"
 
 namespace qstream {
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const v1::TrainerConfig& config);
+// `group` (may be null): joins that data-parallel group over NCCL on the
+// current device; blocks until every rank has joined. A group of world size 1
+// is allowed (the all-reduce then runs in the graph over one rank).
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const v1::TrainerConfig& config,
+                                                           const DistributedGroup* group = nullptr);
 
 // True when a CUDA device can be used; otherwise `why` (if set) says why not.
 bool CudaDeviceAvailable(std::string* why);
