@@ -30,13 +30,29 @@ absl::Status CheckPolicyFits(const PolicySnapshot& snap, const Env& env) {
   return absl::OkStatus();
 }
 
+StreamTotals Totals(const std::vector<ExperienceStream*>& streams) {
+  StreamTotals sum;
+  for (const ExperienceStream* stream : streams) {
+    sum.Add(stream->totals());
+  }
+  return sum;
+}
+
 }  // namespace
 
-absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStream& stream,
-                                     PolicyWatcher& policy, const std::atomic<bool>& stop,
-                                     std::ostream& log) {
+absl::StatusOr<ActorResult> RunActor(const ActorOptions& options,
+                                     const std::vector<ExperienceStream*>& streams, PolicyWatcher& policy,
+                                     const std::atomic<bool>& stop, std::ostream& log) {
   if (options.num_envs < 1) {
     return absl::InvalidArgumentError("num_envs must be >= 1");
+  }
+  if (streams.empty()) {
+    return absl::InvalidArgumentError("no experience stream");
+  }
+  if (static_cast<int>(streams.size()) > options.num_envs) {
+    return absl::InvalidArgumentError(absl::StrCat("num_envs (", options.num_envs,
+                                                   ") must be at least the number of servers (",
+                                                   streams.size(), "): each env streams to one"));
   }
   if (options.batch_transitions < 1) {
     return absl::InvalidArgumentError("batch_transitions must be >= 1");
@@ -58,15 +74,27 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
   const int obs_dim = envs[0]->obs_dim();
   const int num_actions = envs[0]->num_actions();
 
-  WriterOptions writer_options;
-  writer_options.obs_dim = obs_dim;
-  writer_options.num_envs = n;
-  writer_options.flush_transitions = std::max(options.batch_transitions, n);
-  writer_options.flush_after = options.flush_after;
-  writer_options.env = options.env;
-  auto writer = Writer::Create(stream, writer_options);
-  if (!writer.ok()) {
-    return writer.status();
+  // Stream k takes envs [first_env[k], first_env[k + 1]) through writers[k].
+  const int num_streams = static_cast<int>(streams.size());
+  std::vector<int> first_env(num_streams + 1);
+  std::vector<std::unique_ptr<Writer>> writers;
+  std::vector<Writer*> writer_of_env(n);
+  for (int k = 0; k <= num_streams; ++k) {
+    first_env[k] = k * n / num_streams;
+  }
+  for (int k = 0; k < num_streams; ++k) {
+    WriterOptions writer_options;
+    writer_options.obs_dim = obs_dim;
+    writer_options.num_envs = first_env[k + 1] - first_env[k];
+    writer_options.flush_transitions = std::max(options.batch_transitions, writer_options.num_envs);
+    writer_options.flush_after = options.flush_after;
+    writer_options.env = options.env;
+    auto writer = Writer::Create(*streams[k], writer_options);
+    if (!writer.ok()) {
+      return writer.status();
+    }
+    std::fill(writer_of_env.begin() + first_env[k], writer_of_env.begin() + first_env[k + 1], writer->get());
+    writers.push_back(*std::move(writer));
   }
 
   // One vector step of all envs: row i is env i.
@@ -101,7 +129,7 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
                "steps_per_s=%.0f replay_size=%d",
                tag, result.env_steps, returns.episodes(), options.return_window, returns.mean(),
                options.epsilon.At(result.env_steps), snap ? snap->version : 0,
-               secs > 0 ? static_cast<double>(result.env_steps) / secs : 0.0, stream.totals().replay_size)
+               secs > 0 ? static_cast<double>(result.env_steps) / secs : 0.0, Totals(streams).replay_size)
         << std::endl;
   };
 
@@ -116,7 +144,9 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
       }
       snap = std::move(latest);
       q.resize(static_cast<size_t>(n) * snap->network.total_actions());
-      (*writer)->set_policy_version(snap->version);
+      for (const std::unique_ptr<Writer>& writer : writers) {
+        writer->set_policy_version(snap->version);
+      }
     }
     if (absl::Status s = snap->network.QValues(snap->weights, obs, q); !s.ok()) {
       return s;
@@ -133,16 +163,24 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
       terminated[i] = step.terminated ? 1 : 0;
       truncated[i] = step.truncated ? 1 : 0;
     }
-    if (absl::Status s = (*writer)->AppendStep({obs, actions, rewards, terminated, truncated, next_obs});
-        !s.ok()) {
-      return s;
+    for (int k = 0; k < num_streams; ++k) {
+      const size_t first = first_env[k];
+      const size_t count = first_env[k + 1] - first_env[k];
+      auto rows = [first, count](auto& column, size_t width) {
+        return std::span(column).subspan(first * width, count * width);
+      };
+      const VectorStep block{rows(obs, obs_dim),  rows(actions, 1),   rows(rewards, 1),
+                             rows(terminated, 1), rows(truncated, 1), rows(next_obs, obs_dim)};
+      if (absl::Status s = writers[k]->AppendStep(block); !s.ok()) {
+        return s;
+      }
     }
     for (int i = 0; i < n; ++i) {
       returns.AddReward(i, rewards[i]);
       ++result.env_steps;
       if (terminated[i] != 0 || truncated[i] != 0) {
         const int64_t length = returns.steps(i);
-        if (absl::Status s = (*writer)->ReportEpisode(returns.EndEpisode(i), length, snap->version);
+        if (absl::Status s = writer_of_env[i]->ReportEpisode(returns.EndEpisode(i), length, snap->version);
             !s.ok()) {
           return s;
         }
@@ -160,13 +198,18 @@ absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStre
       break;
     }
   }
-  if (absl::StatusOr<int64_t> closed = (*writer)->Close(); !closed.ok()) {
-    return closed.status();
+  // Every writer closes, so one rank's failure does not hold back the others' data.
+  absl::Status closed;
+  for (const std::unique_ptr<Writer>& writer : writers) {
+    closed.Update(writer->Close().status());
+  }
+  if (!closed.ok()) {
+    return closed;
   }
   report(result.reached_target ? "reached" : "done");
   result.episodes = returns.episodes();
   result.mean_return = returns.mean();
-  result.stream = stream.totals();
+  result.stream = Totals(streams);
   return result;
 }
 

@@ -5,6 +5,13 @@
 // environment. Every finished episode is reported on the stream (return,
 // length, policy version; labelled with `env`) for the daemon's episode
 // metrics.
+//
+// Several streams (one per rank of a data-parallel learner) split the
+// environments into contiguous blocks as even as possible: with n envs and
+// N streams, envs [k*n/N, (k+1)*n/N) go to stream k through a Writer of
+// their own (env ids 0.. within the block), so each env's n-step windows
+// stay on one rank. The policy comes from `policy` alone (every rank holds
+// the same weights).
 #pragma once
 
 #include <atomic>
@@ -12,6 +19,7 @@
 #include <limits>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -46,13 +54,15 @@ struct ActorResult {
   int64_t episodes = 0;
   double mean_return = 0;  // over the last return_window episodes
   bool reached_target = false;
-  StreamTotals stream;
+  StreamTotals stream;  // summed over the streams
 };
 
 // Runs until `stop` is set, max_steps is reached or the return target is met;
 // sends everything collected and waits for its acks before returning.
-// Progress lines go to `log`.
-absl::StatusOr<ActorResult> RunActor(const ActorOptions& options, ExperienceStream& stream,
-                                     PolicyWatcher& policy, const std::atomic<bool>& stop, std::ostream& log);
+// Progress lines go to `log`. `streams` (at least one, at most num_envs)
+// must outlive the call; the caller closes them.
+absl::StatusOr<ActorResult> RunActor(const ActorOptions& options,
+                                     const std::vector<ExperienceStream*>& streams, PolicyWatcher& policy,
+                                     const std::atomic<bool>& stop, std::ostream& log);
 
 }  // namespace qstream::actor

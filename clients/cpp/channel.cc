@@ -5,14 +5,46 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "grpcpp/support/client_interceptor.h"
 
 namespace qstream::actor {
 namespace {
+
+// Spreads new calls over every address the target resolves to (the ranks
+// behind a headless Service); a target of one address is unaffected.
+constexpr char kRoundRobinServiceConfig[] = R"({"loadBalancingConfig":[{"round_robin":{}}]})";
+
+// Schemes of the gRPC target URIs that --server takes as one target.
+constexpr absl::string_view kTargetSchemes[] = {"dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:"};
+
+bool HasTargetScheme(absl::string_view value) {
+  return absl::c_any_of(kTargetSchemes, [value](absl::string_view scheme) {
+    return absl::StartsWithIgnoreCase(value, scheme);
+  });
+}
+
+// host:port with a port of 1 to 65535; an IPv6 host in brackets.
+bool IsHostPort(absl::string_view entry) {
+  const size_t colon = entry.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0) {
+    return false;
+  }
+  const absl::string_view host = entry.substr(0, colon);
+  const absl::string_view port = entry.substr(colon + 1);
+  int number = 0;
+  if (!absl::c_all_of(port, absl::ascii_isdigit) || !absl::SimpleAtoi(port, &number) || number < 1 ||
+      number > 65535) {
+    return false;
+  }
+  return !absl::StrContains(host, ':') || (absl::StartsWith(host, "[") && absl::EndsWith(host, "]"));
+}
 
 // The whole file, or an error naming it and the flag that named it.
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view flag) {
@@ -67,6 +99,45 @@ class BearerTokenInterceptorFactory : public grpc::experimental::ClientIntercept
 
 }  // namespace
 
+absl::StatusOr<std::vector<std::string>> ParseServerList(absl::string_view value) {
+  value = absl::StripAsciiWhitespace(value);
+  if (value.empty()) {
+    return absl::InvalidArgumentError("--server is empty");
+  }
+  if (HasTargetScheme(value)) {
+    // ipv4: and ipv6: URIs list their addresses with commas themselves.
+    if (absl::StartsWithIgnoreCase(value, "dns:") && absl::StrContains(value, ',')) {
+      return absl::InvalidArgumentError(absl::StrCat("--server: '", value,
+                                                     "': a dns: target names one host; list several "
+                                                     "daemons as host:port,host:port"));
+    }
+    return std::vector<std::string>{std::string(value)};
+  }
+  std::vector<std::string> servers;
+  for (absl::string_view entry : absl::StrSplit(value, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if (entry.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--server: entry ", servers.size() + 1, " of '", value, "' is empty"));
+    }
+    if (HasTargetScheme(entry)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--server: '", entry,
+                       "' is a target URI, which must be the whole value (or list host:port entries)"));
+    }
+    if (!IsHostPort(entry)) {
+      return absl::InvalidArgumentError(absl::StrCat("--server: '", entry,
+                                                     "' is not host:port (a port of 1 to 65535; "
+                                                     "an IPv6 host in brackets: [::1]:50051)"));
+    }
+    if (absl::c_linear_search(servers, entry)) {
+      return absl::InvalidArgumentError(absl::StrCat("--server: '", entry, "' is listed twice"));
+    }
+    servers.emplace_back(entry);
+  }
+  return servers;
+}
+
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   auto content = ReadFile(path, "token_file");
   if (!content.ok()) {
@@ -98,9 +169,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const ChannelOption
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  // A name with several addresses (dns:/// of a headless Service) spreads the
-  // calls, and so the streams, over all of them; one address is unaffected.
-  args.SetLoadBalancingPolicyName("round_robin");
+  args.SetServiceConfigJSON(kRoundRobinServiceConfig);
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (tls) {
     grpc::SslCredentialsOptions ssl;

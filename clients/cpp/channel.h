@@ -1,7 +1,8 @@
-// The actor's connection to a qstreamd: one gRPC channel, plaintext or TLS
-// (optionally with a client certificate for mTLS), whose every call carries
-// `authorization: Bearer <token>` when a token is configured, and how the
-// daemon's refusal of that token reads.
+// The actor's connection to a qstreamd: the targets a --server value names,
+// one gRPC channel per target, plaintext or TLS (optionally with a client
+// certificate for mTLS), whose every call carries `authorization: Bearer
+// <token>` when a token is configured, and how the daemon's refusal of that
+// token reads.
 //
 // The token travels as call metadata added by a client interceptor rather
 // than as gRPC call credentials, because gRPC drops call credentials on
@@ -10,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -19,7 +21,7 @@
 namespace qstream::actor {
 
 struct ChannelOptions {
-  std::string server;  // host:port
+  std::string server;  // one target of ParseServerList
   // PEM file of the CA that signed the daemon's certificate. TLS is used when
   // this or a client certificate is set; without it the default roots verify.
   std::string tls_ca_file;
@@ -34,14 +36,27 @@ struct ChannelOptions {
   std::string token_file;
 };
 
+// The gRPC targets of a --server value, which names one daemon or several
+// ranks (data-parallel learners, each with its own replay shard):
+// - a gRPC target URI (dns:, ipv4:, ipv6:, unix:, unix-abstract:) is one
+//   target, taken as it is: e.g. dns:///qstream-ranks.ns.svc:50051, whose
+//   channel spreads new calls over every address the name resolves to;
+// - otherwise a comma-separated list of host:port, one target each
+//   (IPv6 hosts in brackets).
+// InvalidArgument naming --server for an empty entry, an entry without a
+// port, a URI beside other entries, or an entry listed twice.
+absl::StatusOr<std::vector<std::string>> ParseServerList(absl::string_view value);
+
 // Reads a bearer token: the file's content without trailing whitespace. Fails
 // naming the file when it cannot be read, is empty or holds a character that
 // is not printable ASCII (the token must fit one HTTP/2 header value).
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
 // Builds the channel of `options`: reads every file it names (errors name the
-// file and the flag) and attaches the token to every call. Connecting happens
-// later, on the first call.
+// file and the flag) and attaches the token to every call. Its load-balancing
+// policy is round_robin, so a target that resolves to several addresses
+// spreads the calls, and so the streams, over all of them. Connecting
+// happens later, on the first call.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const ChannelOptions& options);
 
 // True when `server` (host:port) names a loopback address, where a token in

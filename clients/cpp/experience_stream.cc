@@ -23,6 +23,19 @@ bool IsFinal(grpc::StatusCode code) {
 
 }  // namespace
 
+void StreamTotals::Add(const StreamTotals& other) {
+  sent_batches += other.sent_batches;
+  acked_batches += other.acked_batches;
+  sent_transitions += other.sent_transitions;
+  accepted_transitions += other.accepted_transitions;
+  replay_size += other.replay_size;
+  daemon_policy_version = std::max(daemon_policy_version, other.daemon_policy_version);
+  throttle = throttle || other.throttle;
+  throttled_acks += other.throttled_acks;
+  window += other.window;
+  reconnects += other.reconnects;
+}
+
 absl::StatusOr<std::unique_ptr<ExperienceStream>> ExperienceStream::Open(
     const std::shared_ptr<grpc::Channel>& channel, const Options& options) {
   if (options.max_in_flight < 1) {

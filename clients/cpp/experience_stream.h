@@ -48,6 +48,11 @@ struct StreamTotals {
   // once per window of acks, +1 per unthrottled ack (Ack.throttle).
   int window = 0;
   int64_t reconnects = 0;
+
+  // Adds the totals of another stream (to another rank): counts, windows and
+  // replay sizes add up (the replay over the shards), the policy version is
+  // the newer, throttle is set when either is.
+  void Add(const StreamTotals& other);
 };
 
 class ExperienceStream {

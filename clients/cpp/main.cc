@@ -1,5 +1,10 @@
 // qstream-actor: built-in environments acting on a qstreamd policy and
-// streaming their experience to it.
+// streaming their experience to it, or to several ranks of a data-parallel
+// learner: --server=host1:port1,host2:port2 opens one channel and one stream
+// per address and splits the environments over them in contiguous blocks
+// (RunActor); the policy comes from the first address, since every rank holds
+// the same weights. --server=dns:///name:port is one channel whose
+// round_robin policy puts the stream on one of the name's addresses.
 //
 // Exit status: 0 when the run ended normally (return target reached, step cap
 // reached without a target, or SIGINT/SIGTERM); 3 when a --stop_at_return
@@ -13,6 +18,7 @@
 #include <iostream>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -28,7 +34,10 @@
 #include "clients/cpp/policy_watcher.h"
 #include "grpcpp/grpcpp.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051", "qstreamd gRPC address host:port");
+ABSL_FLAG(
+    std::string, server, "127.0.0.1:50051",
+    "qstreamd gRPC address host:port; several ranks: host1:port1,host2:port2 (the envs split over them, "
+    "the policy from the first) or a target URI such as dns:///name:port (round_robin over its addresses)");
 ABSL_FLAG(std::string, env, "CartPole",
           "built-in environment: CartPole | MountainCar; also the env label of the episodes it reports");
 ABSL_FLAG(int, num_envs, 4, "environments stepped by this process");
@@ -45,7 +54,9 @@ ABSL_FLAG(int, max_in_flight, 8, "unacknowledged batches before sending blocks")
 ABSL_FLAG(double, report_every_s, 5, "seconds between progress lines");
 ABSL_FLAG(double, connect_timeout_s, 30, "how long to wait for the daemon's first policy");
 ABSL_FLAG(double, reconnect_timeout_s, 60, "give up when the daemon cannot be reached for this long");
-ABSL_FLAG(std::string, stream_id, "", "stream identity for resend de-duplication (default: host-pid)");
+ABSL_FLAG(std::string, stream_id, "",
+          "stream identity for resend de-duplication (default: host-pid); with several --server addresses "
+          "the stream to address k is <stream_id>/k");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate the daemon's certificate is verified against; enables TLS");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate, for a daemon that requires them (mTLS); with --tls_key");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
@@ -85,7 +96,7 @@ std::string TokenHint(const absl::Status& status) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("qstream-actor --server=HOST:PORT --env=CartPole --num_envs=N");
+  absl::SetProgramUsageMessage("qstream-actor --server=HOST:PORT[,HOST:PORT...] --env=CartPole --num_envs=N");
   // --help lists every flag of this binary (absl's default matches the file name to the program name).
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) { return absl::StrContains(file, "clients/cpp"); };
@@ -108,26 +119,39 @@ int main(int argc, char** argv) {
   options.batch_transitions = absl::GetFlag(FLAGS_batch_transitions);
   options.report_every = absl::Seconds(absl::GetFlag(FLAGS_report_every_s));
 
+  auto servers = qstream::actor::ParseServerList(absl::GetFlag(FLAGS_server));
+  if (!servers.ok()) {
+    std::cerr << "qstream-actor: " << servers.status().message() << "\n";
+    return 1;
+  }
+  if (static_cast<int>(servers->size()) > options.num_envs) {
+    std::cerr << "qstream-actor: --num_envs=" << options.num_envs << " is less than the " << servers->size()
+              << " --server addresses; each env streams to one\n";
+    return 1;
+  }
   qstream::actor::ChannelOptions channel_options;
-  channel_options.server = absl::GetFlag(FLAGS_server);
   channel_options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
   channel_options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   channel_options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   channel_options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   channel_options.token_file = absl::GetFlag(FLAGS_token_file);
-  auto channel = qstream::actor::CreateChannel(channel_options);
-  if (!channel.ok()) {
-    std::cerr << "qstream-actor: " << channel.status().message() << "\n";
-    return 1;
-  }
   const bool tls = !channel_options.tls_ca_file.empty() || !channel_options.tls_cert_file.empty();
-  if (!tls && !channel_options.token_file.empty() && !qstream::actor::IsLoopbackServer(channel_options.server)) {
-    std::cerr << "qstream-actor: warning: the token goes to " << channel_options.server
-              << " in plaintext; use --tls_ca\n";
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (const std::string& server : *servers) {
+    channel_options.server = server;
+    auto channel = qstream::actor::CreateChannel(channel_options);
+    if (!channel.ok()) {
+      std::cerr << "qstream-actor: " << channel.status().message() << "\n";
+      return 1;
+    }
+    if (!tls && !channel_options.token_file.empty() && !qstream::actor::IsLoopbackServer(server)) {
+      std::cerr << "qstream-actor: warning: the token goes to " << server << " in plaintext; use --tls_ca\n";
+    }
+    channels.push_back(*std::move(channel));
   }
 
-  auto policy =
-      qstream::actor::PolicyWatcher::Create(*channel, absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)));
+  auto policy = qstream::actor::PolicyWatcher::Create(channels[0],
+                                                      absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)));
   if (!policy.ok()) {
     std::cerr << "qstream-actor: " << policy.status().message() << TokenHint(policy.status())
               << (tls && absl::IsUnavailable(policy.status()) ? kTlsHint : "") << "\n";
@@ -140,17 +164,32 @@ int main(int argc, char** argv) {
   if (stream_options.stream_id.empty()) {
     stream_options.stream_id = DefaultStreamId();
   }
-  auto stream = qstream::actor::ExperienceStream::Open(*channel, stream_options);
-  if (!stream.ok()) {
-    std::cerr << "qstream-actor: " << stream.status().message() << "\n";
-    return 1;
+  std::vector<std::unique_ptr<qstream::actor::ExperienceStream>> streams;
+  std::vector<qstream::actor::ExperienceStream*> stream_ptrs;
+  for (size_t k = 0; k < channels.size(); ++k) {
+    qstream::actor::ExperienceStream::Options options_k = stream_options;
+    // Stream k of a list is "<stream_id>/k": two entries that reach the same
+    // daemon must not take each other's ingest session over.
+    if (channels.size() > 1) {
+      options_k.stream_id = absl::StrCat(stream_options.stream_id, "/", k);
+    }
+    auto stream = qstream::actor::ExperienceStream::Open(channels[k], options_k);
+    if (!stream.ok()) {
+      std::cerr << "qstream-actor: " << stream.status().message() << "\n";
+      return 1;
+    }
+    stream_ptrs.push_back(stream->get());
+    streams.push_back(*std::move(stream));
   }
   std::cout << "qstream-actor env=" << options.env << " num_envs=" << options.num_envs
             << " server=" << absl::GetFlag(FLAGS_server) << " stream_id=" << stream_options.stream_id
             << " policy_version=" << (*policy)->Latest()->version << std::endl;
 
-  auto result = qstream::actor::RunActor(options, **stream, **policy, g_stop, std::cout);
-  absl::Status closed = (*stream)->Close();
+  auto result = qstream::actor::RunActor(options, stream_ptrs, **policy, g_stop, std::cout);
+  absl::Status closed;
+  for (const auto& stream : streams) {
+    closed.Update(stream->Close());
+  }
   if (!result.ok()) {
     std::cerr << "qstream-actor: " << result.status().message() << TokenHint(result.status()) << "\n";
     return 1;

@@ -74,7 +74,7 @@ TEST_F(ActorTest, EverythingStreamedIsAcknowledgedAndInTheReplay) {
   options.flush_after = absl::Hours(1);  // batches by size only
   options.epsilon = {1.0, 0.1, 1000};
   std::ostringstream log;
-  auto result = RunActor(options, **stream, **policy, stop_, log);
+  auto result = RunActor(options, {stream->get()}, **policy, stop_, log);
   ASSERT_TRUE(result.ok()) << result.status();
   ASSERT_TRUE((*stream)->Close().ok());
 
@@ -118,7 +118,7 @@ TEST_F(ActorTest, FollowsNewPolicyVersions) {
   options.num_envs = 2;
   options.max_steps = 4000;
   std::ostringstream log;
-  ASSERT_TRUE(RunActor(options, **stream, **policy, stop_, log).ok());
+  ASSERT_TRUE(RunActor(options, {stream->get()}, **policy, stop_, log).ok());
   ASSERT_TRUE((*stream)->Close().ok());
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while ((*policy)->Latest()->version <= first && absl::Now() < deadline) {
@@ -141,7 +141,7 @@ TEST_F(ActorTest, StopsWhenTheReturnTargetIsMet) {
   options.return_window = 5;
   options.stop_at_return = 1;  // any 5 episodes qualify
   std::ostringstream log;
-  auto result = RunActor(options, **stream, **policy, stop_, log);
+  auto result = RunActor(options, {stream->get()}, **policy, stop_, log);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_TRUE(result->reached_target);
   EXPECT_GE(result->episodes, 5);
@@ -161,7 +161,7 @@ TEST_F(ActorTest, RefusesPolicyOfAnotherShape) {
   ActorOptions options;
   options.max_steps = 10;
   std::ostringstream log;
-  auto result = RunActor(options, **stream, **policy, stop_, log);
+  auto result = RunActor(options, {stream->get()}, **policy, stop_, log);
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(result.status().message().find("obs_dim"), std::string::npos);

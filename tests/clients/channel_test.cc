@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -68,6 +69,40 @@ TEST(CreateChannelTest, RefusesFlagCombinationsAndUnreadableFiles) {
 
   o.tls_ca_file = TempFile("not_pem", "hello\n");
   EXPECT_THAT(CreateChannel(o).status().message(), HasSubstr("holds no PEM block"));
+}
+
+TEST(ParseServerListTest, OneAddressAListOrATargetUri) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(*ParseServerList("127.0.0.1:50051"), V{"127.0.0.1:50051"});
+  EXPECT_EQ(*ParseServerList("rank-0:50051, rank-1:50052"), (V{"rank-0:50051", "rank-1:50052"}));
+  EXPECT_EQ(*ParseServerList("[::1]:1,localhost:65535"), (V{"[::1]:1", "localhost:65535"}));
+  // A target URI is one target, commas of an ipv4: list included.
+  EXPECT_EQ(*ParseServerList("dns:///qstream-ranks.ns.svc:50051"), V{"dns:///qstream-ranks.ns.svc:50051"});
+  EXPECT_EQ(*ParseServerList("ipv4:10.0.0.1:50051,10.0.0.2:50051"), V{"ipv4:10.0.0.1:50051,10.0.0.2:50051"});
+  EXPECT_EQ(*ParseServerList("unix:/run/qstream.sock"), V{"unix:/run/qstream.sock"});
+}
+
+TEST(ParseServerListTest, ErrorsNameTheFlagAndTheEntry) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "--server is empty"},
+      {"a:1,,b:2", "--server: entry 2 of 'a:1,,b:2' is empty"},
+      {"a:1,", "--server: entry 2 of 'a:1,' is empty"},
+      {"daemon", "--server: 'daemon' is not host:port"},
+      {"a:1,b", "--server: 'b' is not host:port"},
+      {"a:0", "'a:0' is not host:port"},
+      {"a:65536", "'a:65536' is not host:port"},
+      {"a:+1", "'a:+1' is not host:port"},
+      {":50051", "':50051' is not host:port"},
+      {"::1:50051", "an IPv6 host in brackets"},
+      {"a:1,a:1", "--server: 'a:1' is listed twice"},
+      {"a:1,dns:///b:2", "--server: 'dns:///b:2' is a target URI, which must be the whole value"},
+      {"dns:///a:1,b:2", "a dns: target names one host"},
+  };
+  for (const auto& [value, message] : cases) {
+    auto servers = ParseServerList(value);
+    EXPECT_EQ(servers.status().code(), absl::StatusCode::kInvalidArgument) << value;
+    EXPECT_THAT(servers.status().message(), HasSubstr(message)) << value;
+  }
 }
 
 TEST(IsLoopbackServerTest, LoopbackNamesAndAddresses) {

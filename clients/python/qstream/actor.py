@@ -12,6 +12,10 @@ autoreset (and gymnasium < 1.0) the final observation comes in `infos`.
 Every finished episode is reported to the daemon (Writer.report_episode,
 labelled env=env_id): its return, length and the policy version of its last
 step, exported as qstream_episode_return / qstream_episode_length_steps.
+
+Several ranks (`server` = "h1:p1,h2:p2" or a list): sub-env e streams to
+address e % N (qstream.spread); the policy comes from the first address, as
+every rank holds the same weights.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from qstream.channel import PathLike
+from qstream.channel import PathLike, Servers, parse_servers
 from qstream.policy import PolicyWatcher
 from qstream.writer import Writer
 
@@ -142,7 +146,7 @@ def make_vector_env(env_id: str, num_envs: int, **env_kwargs: Any) -> Any:
 
 def run_actor(
     env_id: str,
-    server: str = "127.0.0.1:50051",
+    server: Servers = "127.0.0.1:50051",
     *,
     num_envs: int = 8,
     total_steps: int | None = None,
@@ -170,7 +174,9 @@ def run_actor(
     reaches stop_at_return; flushes and returns the result. Transitions go
     through a qstream.Writer (batch_size = its max_batch, max_delay and
     max_in_flight as there, env = env_id), and so does every finished
-    episode (Writer.report_episode). The TLS and
+    episode (Writer.report_episode). `server` is host:port, several of
+    them (a list or comma-separated: sub-env e streams to address e % N,
+    the policy comes from the first) or a dns:/// URI. The TLS and
     token parameters are those of qstream.channel.open_channel; a refused
     token raises AuthError, an unreachable daemon ConnectError.
     max_receive_message_length bounds the policy messages (PolicyWatcher;
@@ -179,6 +185,7 @@ def run_actor(
     num_envs), which needs the `gym` extra: pip install 'qstream[gym]')."""
     security: dict[str, Any] = dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name,
                     token=token, token_file=token_file)
+    servers = parse_servers(server)
     epsilon = epsilon or EpsilonSchedule()
     envs = envs if envs is not None else make_vector_env(env_id, num_envs)
     n = envs.num_envs
@@ -192,9 +199,9 @@ def run_actor(
 
     reached = False
     # On an exception the writer cancels its stream instead of flushing.
-    with PolicyWatcher(server, timeout=connect_timeout_s, max_receive_message_length=max_receive_message_length,
+    with PolicyWatcher(servers[0], timeout=connect_timeout_s, max_receive_message_length=max_receive_message_length,
                        **security) as watcher, Writer(
-        server, max_batch=batch_size, max_delay=max_delay, max_in_flight=max_in_flight, env=env_id, **security
+        servers, max_batch=batch_size, max_delay=max_delay, max_in_flight=max_in_flight, env=env_id, **security
     ) as writer:
         try:
             obs, _ = envs.reset(seed=seed)

@@ -7,15 +7,22 @@ gRPC call credentials, because gRPC refuses call credentials on insecure
 channels and the daemon accepts plaintext on loopback.
 
     channel = open_channel("daemon:50051", tls_ca="ca.pem", token_file="actor.token")
+
+A `server` names one daemon or the ranks of a data-parallel learner (each
+with its own replay shard, all with the same weights): parse_servers() turns
+it into the targets to open, one channel each. Every channel balances with
+round_robin, so a target that resolves to several addresses (dns:/// of a
+headless Service) spreads new calls, and so new streams, over all of them.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import operator
 import os
 from pathlib import Path
-from typing import Any, Iterable, Union
+from typing import Any, Iterable, Sequence, Union
 
 import grpc
 
@@ -33,12 +40,21 @@ MiB = 1 << 20
 DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH = 256 * MiB
 _MAX_CHANNEL_ARG = (1 << 31) - 1
 
-# Batches of any size go out (the daemon enforces server.max_message_bytes).
-DEFAULT_OPTIONS: tuple[tuple[str, Any], ...] = (("grpc.max_send_message_length", -1),)
+# Batches of any size go out (the daemon enforces server.max_message_bytes);
+# new calls go round-robin over the addresses a target resolves to.
+ROUND_ROBIN_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+DEFAULT_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_send_message_length", -1),
+    ("grpc.service_config", ROUND_ROBIN_SERVICE_CONFIG),
+)
+
+# Schemes of the gRPC target URIs that parse_servers() takes as one target.
+_TARGET_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:")
 
 _TOKEN_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 PathLike = Union[str, "os.PathLike[str]"]
+Servers = Union[str, Sequence[str]]
 
 
 class QstreamError(Exception):
@@ -84,6 +100,53 @@ class MessageTooLarge(QstreamError):
         )
         self.call = call
         self.details = details
+
+
+def parse_servers(server: Servers) -> list[str]:
+    """The gRPC targets `server` names:
+
+    - a gRPC target URI (dns:, ipv4:, ipv6:, unix:, unix-abstract:) is one
+      target, taken as it is: e.g. "dns:///qstream-ranks.ns.svc:50051",
+      whose channel spreads new streams over the addresses it resolves to;
+    - otherwise "host:port", or several comma-separated ("h1:p1,h2:p2"),
+      or a list/tuple of them: one target each (IPv6 hosts in brackets).
+
+    Raises ValueError naming `server` for an empty entry, an entry without a
+    port, a URI beside other entries, or an entry listed twice.
+    """
+    if not server or (isinstance(server, str) and not server.strip()):
+        raise ValueError("server is empty")
+    if isinstance(server, str):
+        value = server.strip()
+        if value.lower().startswith(_TARGET_SCHEMES):
+            # ipv4: and ipv6: URIs list their addresses with commas themselves.
+            if value.lower().startswith("dns:") and "," in value:
+                raise ValueError(f"server: {value!r}: a dns: target names one host; list several daemons "
+                                 f"as 'host:port,host:port'")
+            return [value]
+        entries = value.split(",")
+    elif isinstance(server, (list, tuple)) and all(isinstance(e, str) for e in server):
+        if len(server) == 1:
+            return parse_servers(server[0])
+        entries = list(server)
+    else:
+        raise ValueError(f"server: {server!r} is neither a str nor a list of str")
+    servers: list[str] = []
+    for i, entry in enumerate(e.strip() for e in entries):
+        if not entry:
+            raise ValueError(f"server: entry {i + 1} of {server!r} is empty")
+        if entry.lower().startswith(_TARGET_SCHEMES):
+            raise ValueError(f"server: {entry!r} is a target URI, which must be the only one "
+                             f"(or list host:port entries)")
+        host, _, port = entry.rpartition(":")
+        if (not host or not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535
+                or (":" in host and not (host.startswith("[") and host.endswith("]")))):
+            raise ValueError(f"server: {entry!r} is not host:port (a port of 1 to 65535; an IPv6 host in "
+                             f"brackets: [::1]:50051)")
+        if entry in servers:
+            raise ValueError(f"server: {entry!r} is listed twice")
+        servers.append(entry)
+    return servers
 
 
 def is_too_large(error: grpc.RpcError) -> bool:
@@ -199,7 +262,11 @@ def open_channel(
     max_receive_message_length: int = DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH,
     options: Iterable[tuple[str, Any]] = (),
 ) -> grpc.Channel:
-    """A channel to the daemon at `server` (host:port).
+    """A channel to the daemon at `server`: host:port or a gRPC target URI
+    such as dns:///name:port (one target of parse_servers(); a list of
+    several is a ValueError: Writer, ActorClient and run_actor spread over
+    several, one channel each). Calls go round_robin over the addresses the
+    target resolves to (ROUND_ROBIN_SERVICE_CONFIG in DEFAULT_OPTIONS).
 
     Args:
         tls_ca: PEM file of the CA that signed the daemon's certificate. TLS
@@ -223,6 +290,9 @@ def open_channel(
     read or the parameters do not fit together. Connecting happens on the
     first call.
     """
+    if not isinstance(server, str) or ("," in server and not server.lower().startswith(_TARGET_SCHEMES)):
+        raise ValueError(f"server: {server!r} names several daemons; a channel goes to one (Writer, "
+                         f"ActorClient and run_actor take several)")
     if (tls_cert is None) != (tls_key is None):
         raise ValueError("tls_cert and tls_key go together")
     if token is not None and token_file is not None:

@@ -12,7 +12,9 @@ from qstream.channel import QstreamError
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="qstream-actor-py", description=__doc__)
     p.add_argument("--env", default="CartPole-v1", help="gymnasium environment id")
-    p.add_argument("--server", default="127.0.0.1:50051", help="qstreamd gRPC address host:port")
+    p.add_argument("--server", default="127.0.0.1:50051",
+                   help="qstreamd gRPC address host:port; several ranks: host1:port1,host2:port2 (the envs split "
+                        "over them, the policy from the first) or a target URI such as dns:///name:port")
     p.add_argument("--num_envs", type=int, default=8)
     p.add_argument("--steps", type=int, default=0, help="stop after this many env steps; 0: no cap")
     p.add_argument("--epsilon_start", type=float, default=1.0)

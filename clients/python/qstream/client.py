@@ -13,6 +13,11 @@ thin layer over qstream.Writer (one code path for the stream).
   refused token AuthError).
 - Security: tls_ca/tls_cert/tls_key/tls_server_name/token/token_file as in
   qstream.channel.open_channel.
+- Several ranks: `server` as in qstream.Writer ("h1:p1,h2:p2", a list, or a
+  dns:/// URI); with several addresses env e's steps go to address e % N
+  (so pass env_ids: without them every row is env 0, on the first address),
+  send() takes the addresses in turn and refuses KIND_STEP batches, and
+  flush() sums the counts.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 from numpy.typing import ArrayLike
 
-from qstream.channel import PathLike
+from qstream.channel import PathLike, Servers
 from qstream.proto import experience_pb2
 from qstream.stream import BatchRejected, StreamError, StreamStats
 from qstream.writer import Writer
@@ -33,7 +38,7 @@ __all__ = ["ActorClient", "BatchRejected", "StreamError", "StreamStats"]
 class ActorClient:
     def __init__(
         self,
-        server: str,
+        server: Servers,
         *,
         stream_id: str | None = None,
         batch_size: int = 256,
@@ -49,9 +54,10 @@ class ActorClient:
         token: str | None = None,
         token_file: PathLike | None = None,
     ) -> None:
-        """Opens the stream to the daemon at `server` (host:port); the TLS and
-        token parameters are those of qstream.channel.open_channel (a
-        ValueError names a file that cannot be read)."""
+        """Opens the stream to the daemon at `server` (host:port, or several:
+        see the module docstring); the TLS and token parameters are those of
+        qstream.channel.open_channel (a ValueError names a file that cannot
+        be read) and apply to every address."""
         if max_in_flight < 1 or batch_size < 1:
             raise ValueError("batch_size and max_in_flight must be >= 1")
         self.batch_size = batch_size

@@ -17,6 +17,12 @@ the n-step returns per env) when the buffer is full, when its oldest row is
 up to `max_in_flight` batches wait for their ack. The stream itself
 (numbering, reconnect and resend, error acks) is qstream.stream.
 
+Several addresses (the ranks of a data-parallel learner: Writer(["h1:p1",
+"h2:p2"]) or "h1:p1,h2:p2") make a qstream.spread.SpreadWriter, a Writer
+per address with env e's steps going to address e % N; a dns:/// URI is one
+address whose channel puts the stream on one of the name's addresses
+(round_robin).
+
 Finished episodes are reported with report_episode(return, length): the
 reports ride on the next batch that goes out (labelled with the Writer's
 `env`), and flush()/close() send them alone when no row is left to carry
@@ -38,7 +44,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from qstream.batch import BOOL, F32, I32, U32, StepColumns
-from qstream.channel import PathLike, QstreamError, channel_for
+from qstream.channel import PathLike, QstreamError, Servers, channel_for, parse_servers
 from qstream.proto import experience_pb2
 from qstream.stream import BatchRejected, ExperienceStream, StreamError, StreamStats
 
@@ -80,8 +86,12 @@ class Writer:
     """Buffered, pipelined KIND_STEP writer over one ExperienceService.Stream.
 
     Args:
-        target: the daemon's host:port, or a ready grpc.Channel (then no TLS
-            or token parameter: the channel has its own).
+        target: the daemon's host:port or a gRPC target URI such as
+            dns:///name:port, or a ready grpc.Channel (then no TLS or token
+            parameter: the channel has its own). Several addresses, as a
+            list or comma-separated, make a SpreadWriter (qstream.spread):
+            one stream per address, env e's steps to address e % N, the
+            counts summed; the other parameters apply to each address.
         obs_dim, num_branches: the network's observation width and action
             branches; when None, taken from the first append().
         max_batch: transitions per batch, 1 to the daemon's
@@ -107,9 +117,18 @@ class Writer:
             qstream.channel.open_channel.
     """
 
+    def __new__(cls, target: Servers | grpc.Channel, *args: Any, **kwargs: Any) -> "Writer":
+        # Several addresses make a SpreadWriter (a subclass, so Python then
+        # runs its __init__ with the same arguments).
+        if cls is Writer and not isinstance(target, grpc.Channel) and len(parse_servers(target)) > 1:
+            from qstream.spread import SpreadWriter
+
+            cls = SpreadWriter
+        return super().__new__(cls)
+
     def __init__(
         self,
-        target: str | grpc.Channel,
+        target: Servers | grpc.Channel,
         *,
         obs_dim: int | None = None,
         num_branches: int | None = None,
@@ -148,6 +167,8 @@ class Writer:
         self._obs_dim = obs_dim
         self._num_branches = num_branches
 
+        if not isinstance(target, grpc.Channel):
+            (target,) = parse_servers(target)
         self._channel, self._own_channel = channel_for(
             target, options=channel_options or (), tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
             tls_server_name=tls_server_name, token=token, token_file=token_file,
