@@ -4,6 +4,7 @@
 # a few steps, qstream-bench learner on the h200 and small configs and the
 # PyTorch peer in the same invocation. Logs go to $OUT (at most 8 files).
 # Usage: stage/gpu-run.sh [STAGE_DIR]   (env SKIP_TESTS=1, SKIP_SANITIZER=1, SKIP_PEER=1, SKIP_BENCH=1,
+#   (tests include the data-parallel ones: two ranks need a two-GPU kind, else they skip)
 #   PATHS="fused cublas" PRECISIONS=fp32,tf32,bf16 CONFIGS=h200,small, PROFILE=1,
 #   DEMO=1 [DEMO_SECONDS=60]: qstreamd --backend=cuda + CartPole actors via deploy/demo.sh,
 #   METRICS=1: qstreamd --backend=cuda under 5 s of load, its GPU, build and step-time series from /metrics,
@@ -44,7 +45,12 @@ if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
   # The cuBLASLt fallback with its simplest GEMM path stays correct too.
   QSTREAM_CUDA_PATH=cublas QSTREAM_CUDA_EPILOGUES=unfused timeout 120 "$bin/cuda_backend_gpu_test" --gtest_color=no >> "$out/tests.log" 2>&1
   echo "== cuda_backend_gpu_test (QSTREAM_CUDA_PATH=cublas QSTREAM_CUDA_EPILOGUES=unfused) rc=$?" >> "$summary"
-  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|\[ info \]|tests? ran" "$out/tests.log" >> "$summary"
+  # Two qstreamd ranks on GPUs 0 and 1 (skips on a one-GPU machine).
+  if [[ -x "$bin/distributed_gpu_e2e_test" ]]; then
+    QSTREAM_BUILD_DIR="$bin" timeout 400 "$bin/distributed_gpu_e2e_test" --gtest_color=no >> "$out/tests.log" 2>&1
+    echo "== distributed_gpu_e2e_test rc=$?" >> "$summary"
+  fi
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[  SKIPPED \]|\[ info \]|tests? ran" "$out/tests.log" >> "$summary"
 fi
 
 if [[ "${SKIP_BENCH:-0}" != 1 ]]; then

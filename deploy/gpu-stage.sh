@@ -14,7 +14,8 @@ peers="${QSTREAM_PEERS:-$root/../shared/peers}"
 rm -rf "$stage"
 mkdir -p "$stage/bin" "$stage/lib" "$stage/peers"
 bins=()
-for b in tests/cuda/kernels_gpu_test tests/cuda/cuda_backend_gpu_test tests/cuda/fused_mlp_gpu_test qstream-bench qstreamd server/qstreamd \
+for b in tests/cuda/kernels_gpu_test tests/cuda/cuda_backend_gpu_test tests/cuda/fused_mlp_gpu_test \
+         tests/server/distributed_gpu_e2e_test qstream-bench qstreamd server/qstreamd \
          qstream-actor clients/cpp/qstream-actor; do
   [[ -x "$build/$b" ]] || continue
   name="$(basename "$b")"
