@@ -114,6 +114,8 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(const 
   std::unique_ptr<RendezvousServer> r(new RendezvousServer);
   r->service_ = std::make_unique<Service>(options.config, options.unique_id);
   grpc::ServerBuilder builder;
+  // Two rank 0s on one address would split the joins, each with its own id.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.listen, MakeServerCredentials(options.security, options.listen, options.authorizer),
                            &r->port_);
   builder.RegisterService(r->service_.get());
@@ -160,7 +162,8 @@ absl::StatusOr<std::string> JoinGroup(const JoinOptions& options) {
     }
     grpc::ClientContext context;
     // Short calls, so a stop request is seen while rank 0 waits for the others.
-    context.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(1))));
+    const absl::Time attempt_deadline = std::min(deadline, absl::Now() + absl::Seconds(1));
+    context.set_deadline(absl::ToChronoTime(attempt_deadline));
     v1::JoinResponse response;
     const grpc::Status status = stub->Join(&context, request, &response);
     ++attempts;
@@ -175,9 +178,16 @@ absl::StatusOr<std::string> JoinGroup(const JoinOptions& options) {
     last = absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())), ": ",
                         status.error_message());
     // Rank 0 not up yet, or still waiting for other ranks: ask again.
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
-        status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+    // (Only this call's own deadline: a DEADLINE_EXCEEDED that rank 0
+    // answers is the group's failure.)
+    const bool attempt_timed_out =
+        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && absl::Now() >= attempt_deadline;
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE && !attempt_timed_out) {
+      // CANCELLED from rank 0 (it was stopped) must not read as this rank's own stop.
+      const auto code = status.error_code() == grpc::StatusCode::CANCELLED
+                            ? absl::StatusCode::kAborted
+                            : static_cast<absl::StatusCode>(status.error_code());
+      return absl::Status(code,
                           absl::StrCat("distributed: rank 0's rendezvous at ", options.address,
                                        " refused the join: ", status.error_message()));
     }
