@@ -106,7 +106,8 @@ grpc::ServerUnaryReactor* AdminService::Checkpoint(grpc::CallbackServerContext* 
 }
 
 grpc::ServerUnaryReactor* AdminService::Pause(grpc::CallbackServerContext* context,
-                                              const v1::PauseRequest* request, v1::PauseResponse* /*response*/) {
+                                              const v1::PauseRequest* request,
+                                              v1::PauseResponse* /*response*/) {
   auto* reactor = context->DefaultReactor();
   const int64_t at_step = request->at_step();
   if (at_step < 0) {

@@ -87,7 +87,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (dist.world_size() > 1) {
     if (options.backend == BackendKind::kCpu) {
       return absl::FailedPreconditionError(
-          "distributed.world_size > 1: a data-parallel group needs the CUDA backend (NCCL), not --backend=cpu");
+          "distributed.world_size > 1: a data-parallel group needs the CUDA backend (NCCL), not "
+          "--backend=cpu");
     }
     auto formed = FormGroup(options, authorizer, &rendezvous);
     if (!formed.ok()) return formed.status();
@@ -249,10 +250,12 @@ absl::StatusOr<DistributedGroup> Daemon::FormGroup(const DaemonOptions& options,
     std::string listen = dist.rendezvous_listen();
     if (listen.empty()) {
       const size_t colon = dist.rendezvous_address().rfind(':');
-      listen = absl::StrCat("0.0.0.0:", colon == std::string::npos ? "" : dist.rendezvous_address().substr(colon + 1));
+      listen = absl::StrCat("0.0.0.0:",
+                            colon == std::string::npos ? "" : dist.rendezvous_address().substr(colon + 1));
     }
     if (absl::Status st = CheckSecurityOptions(options.security, listen); !st.ok()) {
-      return absl::Status(st.code(), absl::StrCat("distributed.rendezvous_listen=", listen, ": ", st.message()));
+      return absl::Status(st.code(),
+                          absl::StrCat("distributed.rendezvous_listen=", listen, ": ", st.message()));
     }
     auto id = NewGroupId();
     if (!id.ok()) return id.status();

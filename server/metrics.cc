@@ -39,7 +39,8 @@ namespace {
 // A registry whose every series carries `labels` too.
 class ConstLabels final : public prometheus::Collectable {
  public:
-  ConstLabels(std::shared_ptr<prometheus::Collectable> inner, const std::map<std::string, std::string>& labels)
+  ConstLabels(std::shared_ptr<prometheus::Collectable> inner,
+              const std::map<std::string, std::string>& labels)
       : inner_(std::move(inner)), labels_(labels.begin(), labels.end()) {}
   std::vector<prometheus::MetricFamily> Collect() const override {
     std::vector<prometheus::MetricFamily> families = inner_->Collect();

@@ -89,8 +89,9 @@ ABSL_FLAG(std::optional<int>, world_size, std::nullopt,
 ABSL_FLAG(std::optional<int>, rank, std::nullopt, "distributed.rank: this daemon's rank in [0, world_size)");
 ABSL_FLAG(std::optional<std::string>, rendezvous_address, std::nullopt,
           "distributed.rendezvous_address: host:port of rank 0's rendezvous");
-ABSL_FLAG(std::string, rendezvous_tls_ca, "",
-          "ranks > 0: PEM CA of rank 0's certificate; TLS to its rendezvous (client certificate: --tls_cert)");
+ABSL_FLAG(
+    std::string, rendezvous_tls_ca, "",
+    "ranks > 0: PEM CA of rank 0's certificate; TLS to its rendezvous (client certificate: --tls_cert)");
 ABSL_FLAG(std::string, rendezvous_token_file, "",
           "ranks > 0: file with an admin token of rank 0 (when it has --auth_tokens)");
 
@@ -165,7 +166,8 @@ absl::StatusOr<v1::TrainerConfig> EffectiveConfig() {
   if (auto v = absl::GetFlag(FLAGS_seed)) config.set_seed(*v);
   if (auto v = absl::GetFlag(FLAGS_world_size)) config.mutable_distributed()->set_world_size(*v);
   if (auto v = absl::GetFlag(FLAGS_rank)) config.mutable_distributed()->set_rank(*v);
-  if (auto v = absl::GetFlag(FLAGS_rendezvous_address)) config.mutable_distributed()->set_rendezvous_address(*v);
+  if (auto v = absl::GetFlag(FLAGS_rendezvous_address))
+    config.mutable_distributed()->set_rendezvous_address(*v);
   if (auto st = ValidateConfig(config); !st.ok()) return st;
   return config;
 }

@@ -20,14 +20,16 @@ namespace qstream {
 class RendezvousServer::Service final : public v1::RendezvousService::Service {
  public:
   Service(v1::TrainerConfig config, std::string unique_id)
-      : config_(std::move(config)), world_size_(config_.distributed().world_size()), id_(std::move(unique_id)) {}
+      : config_(std::move(config)),
+        world_size_(config_.distributed().world_size()),
+        id_(std::move(unique_id)) {}
 
   grpc::Status Join(grpc::ServerContext* context, const v1::JoinRequest* request,
                     v1::JoinResponse* response) override ABSL_LOCKS_EXCLUDED(mu_) {
     if (request->world_size() != world_size_) {
       return {grpc::StatusCode::FAILED_PRECONDITION,
-              absl::StrCat("world_size: ", request->world_size(), ", rank 0 has distributed.world_size = ",
-                           world_size_)};
+              absl::StrCat("world_size: ", request->world_size(),
+                           ", rank 0 has distributed.world_size = ", world_size_)};
     }
     if (request->rank() < 1 || request->rank() >= world_size_) {
       return {grpc::StatusCode::INVALID_ARGUMENT,
@@ -50,8 +52,7 @@ class RendezvousServer::Service final : public v1::RendezvousService::Service {
     }
     // The barrier: answer once every rank is in (or the group failed).
     auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return formed_ || !failure_.ok() ||
-             static_cast<int>(joined_.size()) == world_size_ - 1;
+      return formed_ || !failure_.ok() || static_cast<int>(joined_.size()) == world_size_ - 1;
     };
     while (!done()) {
       if (context->IsCancelled()) {
@@ -116,8 +117,8 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(const 
   grpc::ServerBuilder builder;
   // Two rank 0s on one address would split the joins, each with its own id.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(options.listen, MakeServerCredentials(options.security, options.listen, options.authorizer),
-                           &r->port_);
+  builder.AddListeningPort(
+      options.listen, MakeServerCredentials(options.security, options.listen, options.authorizer), &r->port_);
   builder.RegisterService(r->service_.get());
   r->server_ = builder.BuildAndStart();
   if (r->server_ == nullptr || r->port_ == 0) {
@@ -187,9 +188,8 @@ absl::StatusOr<std::string> JoinGroup(const JoinOptions& options) {
       const auto code = status.error_code() == grpc::StatusCode::CANCELLED
                             ? absl::StatusCode::kAborted
                             : static_cast<absl::StatusCode>(status.error_code());
-      return absl::Status(code,
-                          absl::StrCat("distributed: rank 0's rendezvous at ", options.address,
-                                       " refused the join: ", status.error_message()));
+      return absl::Status(code, absl::StrCat("distributed: rank 0's rendezvous at ", options.address,
+                                             " refused the join: ", status.error_message()));
     }
     if (attempts == 1 || attempts % 20 == 0) {
       spdlog::info("distributed: waiting for rank 0's rendezvous at {} ({})", options.address, last);
@@ -198,9 +198,9 @@ absl::StatusOr<std::string> JoinGroup(const JoinOptions& options) {
       absl::SleepFor(std::min(options.retry_interval, deadline - absl::Now()));
     }
   }
-  return absl::DeadlineExceededError(absl::StrCat("distributed: no group from rank 0's rendezvous at ",
-                                                  options.address, " within ", absl::FormatDuration(options.timeout),
-                                                  " (", attempts, " attempts; last: ", last, ")"));
+  return absl::DeadlineExceededError(
+      absl::StrCat("distributed: no group from rank 0's rendezvous at ", options.address, " within ",
+                   absl::FormatDuration(options.timeout), " (", attempts, " attempts; last: ", last, ")"));
 }
 
 }  // namespace qstream

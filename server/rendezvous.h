@@ -29,7 +29,7 @@ namespace qstream {
 class RendezvousServer {
  public:
   struct Options {
-    std::string listen;  // host:port (port 0: any free port)
+    std::string listen;        // host:port (port 0: any free port)
     v1::TrainerConfig config;  // rank 0's: world size and the learner config joins must share
     std::string unique_id;     // what Join hands out
     SecurityOptions security;
@@ -55,7 +55,7 @@ class RendezvousServer {
 };
 
 struct JoinOptions {
-  std::string address;  // rank 0's rendezvous, host:port
+  std::string address;       // rank 0's rendezvous, host:port
   v1::TrainerConfig config;  // this rank's (world size, rank, learner config)
   // TLS to rank 0 when set: the CA that signed its certificate; the client
   // certificate (mTLS) is tls_cert/tls_key when given.

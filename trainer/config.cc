@@ -123,7 +123,8 @@ absl::Status ValidateConfig(const v1::TrainerConfig& c) {
   if (!(blend.end() >= 0 && blend.end() <= 1)) return Bad("loss.mse_blend.end", "must be in [0, 1]");
   if (blend.steps() < 0) return Bad("loss.mse_blend.steps", "must be >= 0");
   const auto& d = c.distributed();
-  if (d.world_size() < 1 || d.world_size() > 1024) return Bad("distributed.world_size", "must be in [1, 1024]");
+  if (d.world_size() < 1 || d.world_size() > 1024)
+    return Bad("distributed.world_size", "must be in [1, 1024]");
   if (d.rank() < 0 || d.rank() >= d.world_size())
     return Bad("distributed.rank", absl::StrCat("must be in [0, world_size = ", d.world_size(), ")"));
   if (d.world_size() > 1 && d.rendezvous_address().empty())

@@ -34,9 +34,9 @@ absl::Status CheckGroupConfig(const v1::TrainerConfig& rank0, const v1::TrainerC
   diff.ReportDifferencesToString(&report);
   if (diff.Compare(GroupLearnerConfig(rank0), GroupLearnerConfig(joining))) return absl::OkStatus();
   while (!report.empty() && report.back() == '\n') report.pop_back();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "distributed: rank ", rank, "'s config differs from rank 0's (every rank must train the same network): ",
-      report));
+  return absl::FailedPreconditionError(
+      absl::StrCat("distributed: rank ", rank,
+                   "'s config differs from rank 0's (every rank must train the same network): ", report));
 }
 
 }  // namespace qstream

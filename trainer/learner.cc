@@ -475,8 +475,8 @@ void Learner::HandleRepeatedTrips(const StepStats& stats, int64_t steps) {
       pause_at_step_ = std::max(run_start + max_trips + margin, steps);
       pending_halt_reason_ =
           absl::StrCat("guard: ", stats.consecutive_trips, " consecutive tripped steps (last reason ",
-                       GuardReasonName(stats.guard), "); a data-parallel group halts at step ", pause_at_step_,
-                       " on every rank");
+                       GuardReasonName(stats.guard), "); a data-parallel group halts at step ",
+                       pause_at_step_, " on every rank");
       recheck_ = true;
       return;
     }

@@ -94,7 +94,8 @@ bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // ||a - b|| / ||b - base||: the disagreement relative to how far training moved.
-double RelativeToMovement(const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& base) {
+double RelativeToMovement(const std::vector<float>& a, const std::vector<float>& b,
+                          const std::vector<float>& base) {
   double diff = 0, moved = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);

@@ -49,11 +49,10 @@ Rank Spawn(int rank, int rendezvous_port, const std::string& config, const std::
   setenv("CUDA_VISIBLE_DEVICES", absl::StrCat(rank).c_str(), 1);
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   Rank r;
-  r.process = ChildProcess::Spawn({BuildDir() + "/qstreamd", "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
-                                   "--backend=cuda", "--config=" + config, "--world_size=2",
-                                   absl::StrCat("--rank=", rank),
-                                   absl::StrCat("--rendezvous_address=127.0.0.1:", rendezvous_port),
-                                   "--checkpoint_dir=" + checkpoints});
+  r.process = ChildProcess::Spawn(
+      {BuildDir() + "/qstreamd", "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", "--backend=cuda",
+       "--config=" + config, "--world_size=2", absl::StrCat("--rank=", rank),
+       absl::StrCat("--rendezvous_address=127.0.0.1:", rendezvous_port), "--checkpoint_dir=" + checkpoints});
   unsetenv("CUDA_VISIBLE_DEVICES");
   return r;
 }

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <optional>
 #include <cstdlib>
+#include <optional>
 #include <utility>
 #include <vector>
 

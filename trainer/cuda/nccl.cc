@@ -65,7 +65,8 @@ const Loaded& Library() {
            Resolve(lib, "ncclGetUniqueId", &a.get_unique_id, &e) &&
            Resolve(lib, "ncclCommInitRank", &a.comm_init_rank, &e) &&
            Resolve(lib, "ncclCommDestroy", &a.comm_destroy, &e) &&
-           Resolve(lib, "ncclAllReduce", &a.all_reduce, &e) && Resolve(lib, "ncclBroadcast", &a.broadcast, &e) &&
+           Resolve(lib, "ncclAllReduce", &a.all_reduce, &e) &&
+           Resolve(lib, "ncclBroadcast", &a.broadcast, &e) &&
            Resolve(lib, "ncclGetErrorString", &a.error_string, &e) &&
            Resolve(lib, "ncclGetLastError", &a.last_error, &e));
   });
@@ -76,16 +77,17 @@ absl::Status ToStatus(ncclResult_t r, const char* what, ncclComm_t comm) {
   if (r == ncclSuccess) return absl::OkStatus();
   const NcclApi& a = Library().api;
   const char* last = a.last_error != nullptr ? a.last_error(comm) : "";
-  return absl::InternalError(absl::StrCat("NCCL ", what, ": ", a.error_string(r),
-                                          last != nullptr && *last != '\0' ? absl::StrCat(" (", last, ")") : ""));
+  return absl::InternalError(
+      absl::StrCat("NCCL ", what, ": ", a.error_string(r),
+                   last != nullptr && *last != '\0' ? absl::StrCat(" (", last, ")") : ""));
 }
 
 }  // namespace
 
-#define QS_NCCL_CHECK(expr, comm)                                               \
-  do {                                                                          \
-    ::absl::Status qs_nccl_status_ = ToStatus((expr), #expr, (comm));           \
-    if (!qs_nccl_status_.ok()) return qs_nccl_status_;                          \
+#define QS_NCCL_CHECK(expr, comm)                                     \
+  do {                                                                \
+    ::absl::Status qs_nccl_status_ = ToStatus((expr), #expr, (comm)); \
+    if (!qs_nccl_status_.ok()) return qs_nccl_status_;                \
   } while (0)
 
 std::string NcclVersion() {
@@ -125,8 +127,9 @@ NcclComm::~NcclComm() {
 
 absl::Status NcclComm::AllReduceMean(float* data, int64_t count, cudaStream_t stream) {
   auto comm = static_cast<ncclComm_t>(comm_);
-  QS_NCCL_CHECK(Library().api.all_reduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclAvg, comm, stream),
-                comm);
+  QS_NCCL_CHECK(
+      Library().api.all_reduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclAvg, comm, stream),
+      comm);
   return absl::OkStatus();
 }
 
@@ -142,7 +145,8 @@ absl::Status NcclComm::Broadcast(void* data, int64_t bytes, int root, cudaStream
 #else  // !QSTREAM_WITH_NCCL
 
 namespace {
-constexpr char kNoNccl[] = "NCCL: this build has no nccl.h (QSTREAM_WITH_NCCL=0); data-parallel groups need it";
+constexpr char kNoNccl[] =
+    "NCCL: this build has no nccl.h (QSTREAM_WITH_NCCL=0); data-parallel groups need it";
 }
 
 std::string NcclVersion() { return kNoNccl; }
@@ -151,8 +155,12 @@ absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const std::string&, i
   return absl::FailedPreconditionError(kNoNccl);
 }
 NcclComm::~NcclComm() = default;
-absl::Status NcclComm::AllReduceMean(float*, int64_t, cudaStream_t) { return absl::FailedPreconditionError(kNoNccl); }
-absl::Status NcclComm::Broadcast(void*, int64_t, int, cudaStream_t) { return absl::FailedPreconditionError(kNoNccl); }
+absl::Status NcclComm::AllReduceMean(float*, int64_t, cudaStream_t) {
+  return absl::FailedPreconditionError(kNoNccl);
+}
+absl::Status NcclComm::Broadcast(void*, int64_t, int, cudaStream_t) {
+  return absl::FailedPreconditionError(kNoNccl);
+}
 
 #endif  // QSTREAM_WITH_NCCL
 

@@ -34,7 +34,8 @@ class NcclComm {
  public:
   // Collective: every rank calls it with the same id and world size. Blocks
   // until the group has formed.
-  static absl::StatusOr<std::unique_ptr<NcclComm>> Create(const std::string& unique_id, int world_size, int rank);
+  static absl::StatusOr<std::unique_ptr<NcclComm>> Create(const std::string& unique_id, int world_size,
+                                                          int rank);
   ~NcclComm();  // ncclCommDestroy
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
