@@ -22,7 +22,7 @@
 namespace qstream {
 namespace {
 
-using testing::RandomUniform;
+using testing::RandomTransitions;
 using testing::RelError;
 
 using Precision = v1::TrainerConfig::MatmulPrecision;
@@ -47,25 +47,6 @@ v1::TrainerConfig TestConfig(Precision precision) {
   c.set_seed(7);
   c.set_matmul_precision(precision);
   return c;
-}
-
-TransitionColumns RandomTransitions(const v1::TrainerConfig& c, int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  TransitionColumns t;
-  t.n = n;
-  t.obs_dim = c.network().obs_dim();
-  t.num_branches = c.network().branch_actions_size();
-  t.obs = RandomUniform(rng, n * t.obs_dim, -1, 1);
-  t.next_obs = RandomUniform(rng, n * t.obs_dim, -1, 1);
-  t.rewards = RandomUniform(rng, n, -2, 2);
-  t.discounts.assign(n, 0.99f * 0.99f * 0.99f);
-  for (int64_t i = 0; i < n; i += 10) t.discounts[i] = 0.0f;
-  t.actions.resize(n * t.num_branches);
-  for (int64_t i = 0; i < n; ++i) {
-    for (int br = 0; br < t.num_branches; ++br)
-      t.actions[i * t.num_branches + br] = int32_t(rng() % c.network().branch_actions(br));
-  }
-  return t;
 }
 
 std::unique_ptr<Backend> MustCreate(const v1::TrainerConfig& c, bool cuda) {

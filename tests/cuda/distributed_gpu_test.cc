@@ -23,7 +23,7 @@
 namespace qstream {
 namespace {
 
-using testing::RandomUniform;
+using testing::RandomTransitions;
 
 v1::TrainerConfig GroupConfig(int batch, int capacity) {
   v1::TrainerConfig c = DefaultConfig();
@@ -45,25 +45,6 @@ v1::TrainerConfig GroupConfig(int batch, int capacity) {
   c.set_seed(11);
   c.set_matmul_precision(v1::TrainerConfig::FP32);
   return c;
-}
-
-TransitionColumns RandomTransitions(const v1::TrainerConfig& c, int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  TransitionColumns t;
-  t.n = n;
-  t.obs_dim = c.network().obs_dim();
-  t.num_branches = c.network().branch_actions_size();
-  t.obs = RandomUniform(rng, n * t.obs_dim, -1, 1);
-  t.next_obs = RandomUniform(rng, n * t.obs_dim, -1, 1);
-  t.rewards = RandomUniform(rng, n, -2, 2);
-  t.discounts.assign(n, 0.97f);
-  for (int64_t i = 0; i < n; i += 7) t.discounts[i] = 0.0f;
-  t.actions.resize(n * t.num_branches);
-  for (int64_t i = 0; i < n; ++i) {
-    for (int br = 0; br < t.num_branches; ++br)
-      t.actions[i * t.num_branches + br] = int32_t(rng() % c.network().branch_actions(br));
-  }
-  return t;
 }
 
 // Rows [from, from + n) of `t`.

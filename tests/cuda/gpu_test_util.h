@@ -5,9 +5,9 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "trainer/cuda/cuda_backend.h"
+#include "trainer/transitions.h"
 
 namespace qstream::testing {
 
@@ -81,6 +82,28 @@ double RelError(const std::vector<A>& out, const std::vector<B>& ref) {
   }
   if (den == 0) return std::sqrt(num);
   return std::sqrt(num / den);
+}
+
+// n random transitions for the network of `c`: observations and rewards
+// uniform, every 10th a terminal (discount 0), the others discount 0.99^3,
+// actions uniform per branch.
+inline TransitionColumns RandomTransitions(const v1::TrainerConfig& c, int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  TransitionColumns t;
+  t.n = n;
+  t.obs_dim = c.network().obs_dim();
+  t.num_branches = c.network().branch_actions_size();
+  t.obs = RandomUniform(rng, n * t.obs_dim, -1, 1);
+  t.next_obs = RandomUniform(rng, n * t.obs_dim, -1, 1);
+  t.rewards = RandomUniform(rng, n, -2, 2);
+  t.discounts.assign(n, 0.99f * 0.99f * 0.99f);
+  for (int64_t i = 0; i < n; i += 10) t.discounts[i] = 0.0f;
+  t.actions.resize(n * t.num_branches);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int br = 0; br < t.num_branches; ++br)
+      t.actions[i * t.num_branches + br] = int32_t(rng() % c.network().branch_actions(br));
+  }
+  return t;
 }
 
 }  // namespace qstream::testing
