@@ -5,12 +5,10 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "tests/trainer/cpu_learner_util.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/cpu/cpu_backend.h"
@@ -27,6 +26,10 @@ namespace qstream {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::InsertAndWait;
+using testing::MakeCpuLearner;
+using testing::RandomItems;
+using testing::SetSmallNetwork;
 
 class TempDir {
  public:
@@ -44,14 +47,7 @@ class TempDir {
 
 v1::TrainerConfig Config() {
   v1::TrainerConfig c;
-  auto* n = c.mutable_network();
-  n->set_obs_dim(3);
-  n->add_trunk_hidden(8);
-  n->set_head_hidden(6);
-  n->set_num_atoms(5);
-  n->set_v_min(-4);
-  n->set_v_max(4);
-  n->add_branch_actions(2);
+  SetSmallNetwork(&c);
   c.mutable_replay()->set_capacity(256);
   c.mutable_replay()->set_batch_size(8);
   c.mutable_rate_limiter()->set_min_size_to_sample(8);
@@ -62,35 +58,6 @@ v1::TrainerConfig Config() {
   c.set_seed(11);
   FillDefaults(&c);
   return c;
-}
-
-// poison: every observation NaN (the online Q-values go non-finite, so
-// every step that samples one trips the guard).
-TransitionColumns Items(int n, uint32_t seed, bool poison = false) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g(0, 1);
-  TransitionColumns c;
-  c.n = n;
-  c.obs_dim = 3;
-  c.num_branches = 1;
-  for (int i = 0; i < n; ++i) {
-    for (int d = 0; d < 3; ++d) {
-      c.obs.push_back(poison ? std::nanf("") : g(rng));
-      c.next_obs.push_back(g(rng));
-    }
-    c.actions.push_back(static_cast<int32_t>(rng() % 2));
-    c.rewards.push_back(g(rng));
-    c.discounts.push_back(0.9f);
-  }
-  return c;
-}
-
-std::unique_ptr<Learner> MakeLearner(const v1::TrainerConfig& config) {
-  auto backend = CreateCpuBackend(config);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  auto learner = Learner::Create(config, *std::move(backend));
-  EXPECT_TRUE(learner.ok()) << learner.status();
-  return *std::move(learner);
 }
 
 // Polls `pred` until it holds or 30 s pass.
@@ -104,24 +71,15 @@ bool WaitFor(Pred pred) {
   return true;
 }
 
-void Insert(Learner* learner, TransitionColumns items) {
-  absl::Notification inserted;
-  learner->Enqueue(std::move(items), [&](absl::Status s, int64_t) {
-    EXPECT_TRUE(s.ok()) << s;
-    inserted.Notify();
-  });
-  inserted.WaitForNotification();
-}
-
 TEST(LearnerCheckpointTest, EveryStepsWritesAndKeepsTheNewest) {
   TempDir dir;
   v1::TrainerConfig config = Config();
   config.mutable_checkpoint()->set_every_steps(40);
   config.mutable_checkpoint()->set_keep(2);
-  auto learner = MakeLearner(config);
+  auto learner = MakeCpuLearner(config);
   learner->EnableCheckpoints(dir.path(), nullptr);
   learner->Start();
-  Insert(learner.get(), Items(64, 1));
+  InsertAndWait(learner.get(), RandomItems(64, 1));
   ASSERT_TRUE(WaitFor([&] { return learner->status().checkpoints.written >= 4; }));
   learner->Stop();
   auto list = ListCheckpoints(dir.path());
@@ -149,7 +107,7 @@ TEST(LearnerCheckpointTest, RequestWhilePausedAndNamedOnesAreKept) {
   TempDir dir;
   v1::TrainerConfig config = Config();
   config.mutable_checkpoint()->set_keep(1);
-  auto learner = MakeLearner(config);
+  auto learner = MakeCpuLearner(config);
   int hook_calls = 0;
   learner->EnableCheckpoints(dir.path(), [&](v1::CheckpointManifest* m) {
     ++hook_calls;
@@ -158,7 +116,7 @@ TEST(LearnerCheckpointTest, RequestWhilePausedAndNamedOnesAreKept) {
     session->set_last_sequence(42);
   });
   learner->Start();
-  Insert(learner.get(), Items(32, 2));
+  InsertAndWait(learner.get(), RandomItems(32, 2));
   ASSERT_TRUE(WaitFor([&] { return learner->status().steps >= 30; }));
   learner->Pause();
   const int64_t paused_at = learner->status().steps;
@@ -187,7 +145,7 @@ TEST(LearnerCheckpointTest, RequestWhilePausedAndNamedOnesAreKept) {
 }
 
 TEST(LearnerCheckpointTest, WithoutCheckpointDirRequestsFail) {
-  auto learner = MakeLearner(Config());
+  auto learner = MakeCpuLearner(Config());
   absl::Status status;
   learner->RequestCheckpoint("x", [&](const absl::StatusOr<CheckpointWriteResult>& r) { status = r.status(); });
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
@@ -199,10 +157,10 @@ TEST(LearnerCheckpointTest, WithoutCheckpointDirRequestsFail) {
 TEST(LearnerCheckpointTest, RestoreContinuesStepsVersionAndReplay) {
   TempDir dir;
   v1::TrainerConfig config = Config();
-  auto a = MakeLearner(config);
+  auto a = MakeCpuLearner(config);
   a->EnableCheckpoints(dir.path(), nullptr);
   a->Start();
-  Insert(a.get(), Items(100, 3));
+  InsertAndWait(a.get(), RandomItems(100, 3));
   ASSERT_TRUE(WaitFor([&] { return a->status().policy_version >= 3; }));
   a->Stop();
   ASSERT_TRUE(a->WriteFinalCheckpoint().ok());
@@ -217,7 +175,7 @@ TEST(LearnerCheckpointTest, RestoreContinuesStepsVersionAndReplay) {
 
   v1::TrainerConfig changed = config;
   changed.mutable_optimizer()->set_lr(0.0005f);  // allowed: logged
-  auto b = MakeLearner(changed);
+  auto b = MakeCpuLearner(changed);
   ASSERT_TRUE(b->Restore(*data).ok());
   LearnerStatus sb = b->status();
   EXPECT_EQ(sb.steps, sa.steps);
@@ -231,7 +189,7 @@ TEST(LearnerCheckpointTest, RestoreContinuesStepsVersionAndReplay) {
 
   v1::TrainerConfig wider = config;
   wider.mutable_network()->set_trunk_hidden(0, 9);
-  auto c = MakeLearner(wider);
+  auto c = MakeCpuLearner(wider);
   const absl::Status refused_shape = c->Restore(*data);
   EXPECT_EQ(refused_shape.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused_shape.message().find("network.trunk_hidden"), std::string::npos) << refused_shape;
@@ -254,13 +212,13 @@ TEST(CheckpointResumeTest, CpuNext100StepsBitwiseEqualAfterRestoreFromFiles) {
   auto schedule = [](Backend* b, int64_t first, int steps) {
     for (int64_t t = first; t < first + steps; ++t) {
       if (t % 5 == 0) {
-        ASSERT_TRUE(b->Insert(Items(7, 500 + static_cast<uint32_t>(t))).ok());
+        ASSERT_TRUE(b->Insert(RandomItems(7, 500 + static_cast<uint32_t>(t))).ok());
       }
       ASSERT_TRUE(b->Step().ok());
     }
   };
   std::unique_ptr<Backend> uninterrupted = make();
-  ASSERT_TRUE(uninterrupted->Insert(Items(40, 9)).ok());
+  ASSERT_TRUE(uninterrupted->Insert(RandomItems(40, 9)).ok());
   schedule(uninterrupted.get(), 0, 100);
 
   CheckpointData data;
@@ -308,15 +266,15 @@ TEST(LearnerGuardTest, RepeatedTripsRollBackThenHalt) {
   v1::TrainerConfig config = Config();
   config.mutable_guard()->set_max_consecutive_trips(20);
   config.mutable_checkpoint()->set_every_steps(30);
-  auto learner = MakeLearner(config);
+  auto learner = MakeCpuLearner(config);
   learner->EnableCheckpoints(dir.path(), nullptr);
   std::atomic<int> halts{0};
   std::atomic<int> clears{0};
   learner->SetHaltListener([&](bool halted) { (halted ? halts : clears) += 1; });
   learner->Start();
-  Insert(learner.get(), Items(64, 4));
+  InsertAndWait(learner.get(), RandomItems(64, 4));
   ASSERT_TRUE(WaitFor([&] { return learner->status().checkpoints.written >= 1; }));
-  Insert(learner.get(), Items(256, 5, /*poison=*/true));  // overwrites the whole ring
+  InsertAndWait(learner.get(), RandomItems(256, 5, /*poison=*/true));  // overwrites the whole ring
   ASSERT_TRUE(WaitFor([&] { return learner->status().halted; }));
   const LearnerStatus s = learner->status();
   EXPECT_EQ(s.guard_rollbacks, 1);
@@ -345,9 +303,9 @@ TEST(LearnerGuardTest, HaltModeHaltsWithoutRollback) {
   v1::TrainerConfig config = Config();
   config.mutable_guard()->set_max_consecutive_trips(10);
   config.mutable_guard()->set_on_repeated_trips(v1::GuardConfig::HALT);
-  auto learner = MakeLearner(config);
+  auto learner = MakeCpuLearner(config);
   learner->Start();
-  Insert(learner.get(), Items(64, 6, /*poison=*/true));
+  InsertAndWait(learner.get(), RandomItems(64, 6, /*poison=*/true));
   ASSERT_TRUE(WaitFor([&] { return learner->status().halted; }));
   const LearnerStatus s = learner->status();
   EXPECT_EQ(s.guard_rollbacks, 0);

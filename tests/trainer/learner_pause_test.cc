@@ -4,17 +4,20 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <random>
 #include <thread>
 
-#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "tests/trainer/cpu_learner_util.h"
 #include "trainer/config.h"
-#include "trainer/cpu/cpu_backend.h"
 #include "trainer/learner.h"
 
 namespace qstream {
 namespace {
+
+using testing::InsertAndWait;
+using testing::MakeCpuLearner;
+using testing::RandomItems;
+using testing::SetSmallNetwork;
 
 constexpr int kBatchSize = 8;
 
@@ -23,14 +26,7 @@ constexpr int kBatchSize = 8;
 // for data (sampling needs inserts - samples >= batch_size).
 v1::TrainerConfig Config(bool rate_limited) {
   v1::TrainerConfig c;
-  auto* n = c.mutable_network();
-  n->set_obs_dim(3);
-  n->add_trunk_hidden(8);
-  n->set_head_hidden(6);
-  n->set_num_atoms(5);
-  n->set_v_min(-4);
-  n->set_v_max(4);
-  n->add_branch_actions(2);
+  SetSmallNetwork(&c);
   c.mutable_replay()->set_capacity(4096);
   c.mutable_replay()->set_batch_size(kBatchSize);
   c.mutable_rate_limiter()->set_min_size_to_sample(kBatchSize);
@@ -45,41 +41,7 @@ v1::TrainerConfig Config(bool rate_limited) {
   return c;
 }
 
-TransitionColumns Items(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g(0, 1);
-  TransitionColumns c;
-  c.n = n;
-  c.obs_dim = 3;
-  c.num_branches = 1;
-  for (int i = 0; i < n; ++i) {
-    for (int d = 0; d < 3; ++d) {
-      c.obs.push_back(g(rng));
-      c.next_obs.push_back(g(rng));
-    }
-    c.actions.push_back(static_cast<int32_t>(rng() % 2));
-    c.rewards.push_back(g(rng));
-    c.discounts.push_back(0.9f);
-  }
-  return c;
-}
-
-std::unique_ptr<Learner> MakeLearner(const v1::TrainerConfig& config) {
-  auto backend = CreateCpuBackend(config);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  auto learner = Learner::Create(config, *std::move(backend));
-  EXPECT_TRUE(learner.ok()) << learner.status();
-  return *std::move(learner);
-}
-
-void Insert(Learner* learner, int n, uint32_t seed) {
-  absl::Notification inserted;
-  learner->Enqueue(Items(n, seed), [&](absl::Status s, int64_t) {
-    EXPECT_TRUE(s.ok()) << s;
-    inserted.Notify();
-  });
-  inserted.WaitForNotification();
-}
+void Insert(Learner* learner, int n, uint32_t seed) { InsertAndWait(learner, RandomItems(n, seed)); }
 
 // Polls the learner's status until `pred` holds or 30 s pass; returns the last status.
 template <typename Pred>
@@ -102,7 +64,7 @@ LearnerStatus WaitForIdleAt(const Learner& learner, int64_t steps) {
 }
 
 TEST(LearnerPauseTest, PausesAtExactlyTheStepThenResumeContinues) {
-  auto learner = MakeLearner(Config(/*rate_limited=*/true));
+  auto learner = MakeCpuLearner(Config(/*rate_limited=*/true));
   learner->Start();
   Insert(learner.get(), 10 * kBatchSize, 1);
   WaitForIdleAt(*learner, 10);
@@ -129,7 +91,7 @@ TEST(LearnerPauseTest, PausesAtExactlyTheStepThenResumeContinues) {
 }
 
 TEST(LearnerPauseTest, StopsAtTheStepWhileSteppingFlatOut) {
-  auto learner = MakeLearner(Config(/*rate_limited=*/false));
+  auto learner = MakeCpuLearner(Config(/*rate_limited=*/false));
   learner->PauseAtStep(250);
   EXPECT_EQ(learner->status().pause_at_step, 250);
   learner->Start();
@@ -143,7 +105,7 @@ TEST(LearnerPauseTest, StopsAtTheStepWhileSteppingFlatOut) {
 }
 
 TEST(LearnerPauseTest, AStepAlreadyReachedPausesAtOnce) {
-  auto learner = MakeLearner(Config(/*rate_limited=*/true));
+  auto learner = MakeCpuLearner(Config(/*rate_limited=*/true));
   learner->Start();
   Insert(learner.get(), 6 * kBatchSize, 1);
   WaitForIdleAt(*learner, 6);
@@ -165,7 +127,7 @@ TEST(LearnerPauseTest, AStepAlreadyReachedPausesAtOnce) {
 }
 
 TEST(LearnerPauseTest, ResumeDropsAPendingStop) {
-  auto learner = MakeLearner(Config(/*rate_limited=*/true));
+  auto learner = MakeCpuLearner(Config(/*rate_limited=*/true));
   learner->Start();
   Insert(learner.get(), 4 * kBatchSize, 1);
   WaitForIdleAt(*learner, 4);
@@ -180,7 +142,7 @@ TEST(LearnerPauseTest, ResumeDropsAPendingStop) {
 }
 
 TEST(LearnerPauseTest, AtStepZeroPausesNow) {
-  auto learner = MakeLearner(Config(/*rate_limited=*/true));
+  auto learner = MakeCpuLearner(Config(/*rate_limited=*/true));
   learner->Start();
   Insert(learner.get(), 3 * kBatchSize, 1);
   WaitForIdleAt(*learner, 3);
