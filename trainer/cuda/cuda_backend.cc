@@ -517,7 +517,10 @@ absl::Status CudaBackend::EnqueueStep() {
     QS_RETURN_IF_ERROR(EnqueueLoss());
     // 8. Backward through heads and trunk into the flat gradient buffer.
     QS_RETURN_IF_ERROR(EnqueueBackward());
-    QS_CUDA_CHECK(kernels::LaunchGradSumSquares(grads_.get(), spec_.num_params, norm_partials_.get(), s));
+    // A group takes the norm of the all-reduced gradient instead (8b).
+    if (comm_ == nullptr) {
+      QS_CUDA_CHECK(kernels::LaunchGradSumSquares(grads_.get(), spec_.num_params, norm_partials_.get(), s));
+    }
   }
 
   // 9. Global grad norm, guard, statistics (+ step 11, below).
