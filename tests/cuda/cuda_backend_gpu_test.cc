@@ -28,22 +28,10 @@ using testing::RelError;
 using Precision = v1::TrainerConfig::MatmulPrecision;
 
 v1::TrainerConfig TestConfig(Precision precision) {
-  v1::TrainerConfig c = DefaultConfig();
-  auto* n = c.mutable_network();
-  n->set_obs_dim(8);
-  n->clear_trunk_hidden();
-  n->add_trunk_hidden(32);
-  n->add_trunk_hidden(32);
-  n->set_head_hidden(16);
-  n->set_num_atoms(51);
-  n->clear_branch_actions();
-  n->add_branch_actions(3);
-  n->add_branch_actions(2);
+  v1::TrainerConfig c = testing::SmallNetworkConfig();
   c.mutable_replay()->set_capacity(1000);
   c.mutable_replay()->set_batch_size(32);
   c.mutable_replay()->set_beta_anneal_steps(100);
-  c.mutable_server()->set_stats_every(1);
-  c.mutable_optimizer()->set_lr(1e-3f);
   c.set_seed(7);
   c.set_matmul_precision(precision);
   return c;

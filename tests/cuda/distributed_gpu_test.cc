@@ -26,22 +26,10 @@ namespace {
 using testing::RandomTransitions;
 
 v1::TrainerConfig GroupConfig(int batch, int capacity) {
-  v1::TrainerConfig c = DefaultConfig();
-  auto* n = c.mutable_network();
-  n->set_obs_dim(8);
-  n->clear_trunk_hidden();
-  n->add_trunk_hidden(32);
-  n->add_trunk_hidden(32);
-  n->set_head_hidden(16);
-  n->set_num_atoms(51);
-  n->clear_branch_actions();
-  n->add_branch_actions(3);
-  n->add_branch_actions(2);
+  v1::TrainerConfig c = testing::SmallNetworkConfig();
   c.mutable_replay()->set_capacity(capacity);
   c.mutable_replay()->set_batch_size(batch);
   c.mutable_rate_limiter()->set_min_size_to_sample(1);
-  c.mutable_server()->set_stats_every(1);
-  c.mutable_optimizer()->set_lr(1e-3f);
   c.set_seed(11);
   c.set_matmul_precision(v1::TrainerConfig::FP32);
   return c;

@@ -14,10 +14,30 @@
 #include <string>
 #include <vector>
 
+#include "trainer/config.h"
 #include "trainer/cuda/cuda_backend.h"
 #include "trainer/transitions.h"
 
 namespace qstream::testing {
+
+// The GPU tests' network: 8 inputs, trunk 32-32, heads of 16, 51 atoms,
+// branches of 3 and 2 actions; stats every step, lr 1e-3.
+inline v1::TrainerConfig SmallNetworkConfig() {
+  v1::TrainerConfig c = DefaultConfig();
+  auto* n = c.mutable_network();
+  n->set_obs_dim(8);
+  n->clear_trunk_hidden();
+  n->add_trunk_hidden(32);
+  n->add_trunk_hidden(32);
+  n->set_head_hidden(16);
+  n->set_num_atoms(51);
+  n->clear_branch_actions();
+  n->add_branch_actions(3);
+  n->add_branch_actions(2);
+  c.mutable_server()->set_stats_every(1);
+  c.mutable_optimizer()->set_lr(1e-3f);
+  return c;
+}
 
 #define QS_SKIP_WITHOUT_GPU()                                \
   do {                                                       \
