@@ -1,10 +1,7 @@
 // Data-parallel flags and Admin Pause at_step end to end: qstreamd as a child
 // process on loopback ports chosen at run time. No GPU: a group that would
 // need NCCL is refused, and a rank > 0 is stopped while it waits for rank 0.
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <functional>
 #include <memory>
@@ -18,7 +15,6 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "proto/tensor.h"
 #include "qstream/v1/admin.grpc.pb.h"
 #include "qstream/v1/experience.grpc.pb.h"
 #include "tests/server/e2e_support.h"
@@ -26,8 +22,8 @@
 namespace qstream {
 namespace {
 
-using ::qstream::testing::BuildDir;
 using ::qstream::testing::ChildProcess;
+using ::qstream::testing::RefusingPort;
 using ::testing::HasSubstr;
 
 constexpr int kObsDim = 4;
@@ -47,33 +43,8 @@ server { publish_every: 1000 stats_every: 1 }
 )");
 }
 
-// A loopback port bound but not listening: connections to it are refused,
-// and no other process takes it while the test holds it.
-class RefusingPort {
- public:
-  RefusingPort() {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    socklen_t len = sizeof(a);
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-  }
-  ~RefusingPort() { close(fd_); }
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
-
- private:
-  int fd_ = -1;
-  int port_ = 0;
-};
-
 std::unique_ptr<ChildProcess> SpawnQstreamd(const std::vector<std::string>& flags) {
-  std::vector<std::string> argv = {BuildDir() + "/qstreamd", "--listen=127.0.0.1:0",
-                                   "--metrics_listen=127.0.0.1:0"};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  auto child = ChildProcess::Spawn(argv);
+  auto child = testing::SpawnDaemon(flags);
   EXPECT_NE(child, nullptr);
   return child;
 }
@@ -121,31 +92,6 @@ TEST(DistributedE2E, ARankWaitingForRankZeroStopsOnSigterm) {
   EXPECT_THAT(child->output(), ::testing::Not(HasSubstr("listening grpc=")));
 }
 
-v1::TransitionBatch NStepBatch(uint64_t sequence, std::mt19937* rng) {
-  std::uniform_real_distribution<float> u(-1, 1);
-  v1::TransitionBatch b;
-  b.set_kind(v1::TransitionBatch::KIND_NSTEP);
-  b.set_sequence(sequence);
-  b.set_count(kBatchSize);
-  std::vector<float> obs, next_obs, rewards;
-  std::vector<int32_t> actions;
-  for (int i = 0; i < kBatchSize * kObsDim; ++i) {
-    obs.push_back(u(*rng));
-    next_obs.push_back(u(*rng));
-  }
-  for (int i = 0; i < kBatchSize; ++i) {
-    for (int n : kBranches) actions.push_back(static_cast<int32_t>((*rng)() % n));
-    rewards.push_back(u(*rng));
-  }
-  const auto branches = static_cast<int64_t>(kBranches.size());
-  wire::SetTensor(b.mutable_obs(), obs, {kBatchSize, kObsDim});
-  wire::SetTensor(b.mutable_next_obs(), next_obs, {kBatchSize, kObsDim});
-  wire::SetTensor(b.mutable_actions(), actions, {kBatchSize, branches});
-  wire::SetTensor(b.mutable_rewards(), rewards, {kBatchSize});
-  wire::SetTensor(b.mutable_discounts(), std::vector<float>(kBatchSize, 0.729f), {kBatchSize});
-  return b;
-}
-
 class AdminClient {
  public:
   explicit AdminClient(const std::string& address)
@@ -153,13 +99,7 @@ class AdminClient {
         admin_(v1::AdminService::NewStub(channel_)),
         experience_(v1::ExperienceService::NewStub(channel_)) {}
 
-  v1::StatusResponse Status() {
-    grpc::ClientContext context;
-    v1::StatusResponse r;
-    const grpc::Status st = admin_->Status(&context, v1::StatusRequest(), &r);
-    EXPECT_TRUE(st.ok()) << st.error_message();
-    return r;
-  }
+  v1::StatusResponse Status() { return testing::GetStatus(channel_); }
   grpc::Status Pause(int64_t at_step) {
     grpc::ClientContext context;
     v1::PauseRequest request;
@@ -179,7 +119,7 @@ class AdminClient {
     auto stream = experience_->Stream(&context);
     for (int i = 1; i <= batches; ++i) {
       v1::Ack ack;
-      ASSERT_TRUE(stream->Write(NStepBatch(i, &rng)));
+      ASSERT_TRUE(stream->Write(testing::RandomNStepBatch(kBatchSize, i, kObsDim, kBranches, 0.729f, &rng)));
       ASSERT_TRUE(stream->Read(&ack));
       ASSERT_FALSE(ack.has_error()) << ack.error().message();
       ASSERT_EQ(ack.accepted(), static_cast<uint32_t>(kBatchSize));

@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <memory>
 #include <random>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -19,7 +18,6 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "proto/tensor.h"
 #include "qstream/v1/admin.grpc.pb.h"
 #include "qstream/v1/experience.grpc.pb.h"
 #include "tests/server/e2e_support.h"
@@ -38,85 +36,39 @@ constexpr char kConfig[] = R"pb(
   matmul_precision: FP32
 )pb";
 
-struct Rank {
-  std::unique_ptr<ChildProcess> process;
-  std::shared_ptr<grpc::Channel> channel;
-  int metrics_port = 0;
-};
-
-Rank Spawn(int rank, int rendezvous_port, const std::string& config, const std::string& checkpoints) {
+// Spawns rank `rank` on GPU `rank` without waiting: rank 0 starts serving
+// only once the whole group has formed.
+std::unique_ptr<ChildProcess> SpawnRank(int rank, int rendezvous_port, const std::string& config,
+                                        const std::string& checkpoints) {
   // Children inherit the environment as it is at fork time.
   setenv("CUDA_VISIBLE_DEVICES", absl::StrCat(rank).c_str(), 1);
   setenv("NCCL_NVLS_ENABLE", "0", 1);
-  Rank r;
-  r.process = ChildProcess::Spawn(
-      {BuildDir() + "/qstreamd", "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", "--backend=cuda",
-       "--config=" + config, "--world_size=2", absl::StrCat("--rank=", rank),
+  auto process = SpawnDaemon(
+      {"--backend=cuda", "--config=" + config, "--world_size=2", absl::StrCat("--rank=", rank),
        absl::StrCat("--rendezvous_address=127.0.0.1:", rendezvous_port), "--checkpoint_dir=" + checkpoints});
   unsetenv("CUDA_VISIBLE_DEVICES");
-  return r;
+  return process;
 }
 
-bool AwaitStarted(Rank* r, std::string* error) {
-  const auto line = r->process->WaitForLine("listening grpc=", absl::Seconds(180));
-  std::smatch m;
-  if (!line || !std::regex_search(*line, m, std::regex(R"(grpc=(\S+) metrics=127\.0\.0\.1:(\d+))"))) {
-    *error = r->process->output();
-    return false;
-  }
-  r->channel = grpc::CreateChannel(m[1].str(), grpc::InsecureChannelCredentials());
-  r->metrics_port = std::stoi(m[2].str());
-  return true;
-}
-
-v1::TransitionBatch Batch(uint64_t seed, uint64_t sequence, int count) {
-  std::mt19937 rng(static_cast<uint32_t>(seed * 1000003 + sequence));
-  std::normal_distribution<float> g(0, 1);
-  v1::TransitionBatch b;
-  b.set_kind(v1::TransitionBatch::KIND_NSTEP);
-  b.set_sequence(sequence);
-  b.set_stream_id(absl::StrCat("rank-data-", seed));
-  b.set_count(count);
-  std::vector<float> obs, next_obs, rewards;
-  std::vector<int32_t> actions;
-  for (int i = 0; i < count * kObsDim; ++i) {
-    obs.push_back(g(rng));
-    next_obs.push_back(g(rng));
-  }
-  for (int i = 0; i < count; ++i) {
-    actions.push_back(static_cast<int32_t>(rng() % 3));
-    rewards.push_back(g(rng));
-  }
-  wire::SetTensor(b.mutable_obs(), obs, {count, kObsDim});
-  wire::SetTensor(b.mutable_next_obs(), next_obs, {count, kObsDim});
-  wire::SetTensor(b.mutable_actions(), actions, {count, 1});
-  wire::SetTensor(b.mutable_rewards(), rewards, {count});
-  wire::SetTensor(b.mutable_discounts(), std::vector<float>(count, 0.9f), {count});
-  return b;
-}
-
-int64_t SendBatches(const std::shared_ptr<grpc::Channel>& channel, uint64_t seed, int batches, int count) {
+// Sends `batches` batches of `count` transitions drawn from `seed` on one
+// stream, each acked before the next; returns the transitions accepted.
+int64_t SendBatches(const std::shared_ptr<grpc::Channel>& channel, uint32_t seed, int batches, int count) {
+  std::mt19937 rng(seed);
   auto stub = v1::ExperienceService::NewStub(channel);
   grpc::ClientContext context;
   auto stream = stub->Stream(&context);
   int64_t accepted = 0;
   v1::Ack ack;
   for (int s = 1; s <= batches; ++s) {
-    if (!stream->Write(Batch(seed, s, count)) || !stream->Read(&ack)) break;
+    v1::TransitionBatch batch = RandomNStepBatch(count, s, kObsDim, {3}, 0.9f, &rng);
+    batch.set_stream_id(absl::StrCat("rank-data-", seed));
+    if (!stream->Write(batch) || !stream->Read(&ack)) break;
     EXPECT_FALSE(ack.has_error()) << ack.error().message();
     accepted += ack.accepted();
   }
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
   return accepted;
-}
-
-v1::StatusResponse Status(const std::shared_ptr<grpc::Channel>& channel) {
-  auto stub = v1::AdminService::NewStub(channel);
-  grpc::ClientContext context;
-  v1::StatusResponse r;
-  EXPECT_TRUE(stub->Status(&context, v1::StatusRequest(), &r).ok());
-  return r;
 }
 
 TEST(DistributedE2E, TwoRanksOnTwoGpusHoldEqualWeights) {
@@ -128,31 +80,37 @@ TEST(DistributedE2E, TwoRanksOnTwoGpusHoldEqualWeights) {
   const std::string root = ::testing::TempDir() + "/distributed_e2e";
   std::filesystem::remove_all(root);
   const int port = FreePort();
-  Rank ranks[2] = {Spawn(0, port, config, root + "/rank0"), Spawn(1, port, config, root + "/rank1")};
-  for (Rank& r : ranks) {
+  std::unique_ptr<ChildProcess> spawned[2] = {SpawnRank(0, port, config, root + "/rank0"),
+                                              SpawnRank(1, port, config, root + "/rank1")};
+  Daemon ranks[2];
+  std::shared_ptr<grpc::Channel> channels[2];
+  for (int r = 0; r < 2; ++r) {
     std::string error;
-    ASSERT_TRUE(AwaitStarted(&r, &error)) << error;
+    auto d = AwaitDaemon(std::move(spawned[r]), absl::Seconds(180), &error);
+    ASSERT_TRUE(d.has_value()) << error;
+    ranks[r] = std::move(*d);
+    channels[r] = grpc::CreateChannel(ranks[r].grpc_address, grpc::InsecureChannelCredentials());
   }
   for (int r = 0; r < 2; ++r) {
-    const v1::StatusResponse s = Status(ranks[r].channel);
+    const v1::StatusResponse s = GetStatus(channels[r]);
     EXPECT_EQ(s.world_size(), 2);
     EXPECT_EQ(s.rank(), r);
     EXPECT_EQ(s.backend(), "cuda");
   }
   // Different data per rank.
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(SendBatches(ranks[r].channel, 1 + r, 20, 64), 20 * 64);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(SendBatches(channels[r], 1 + r, 20, 64), 20 * 64);
 
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
   int64_t steps[2] = {0, 0};
   while (absl::Now() < deadline && (steps[0] < 20 || steps[1] < 20)) {
-    for (int r = 0; r < 2; ++r) steps[r] = Status(ranks[r].channel).learner_steps();
+    for (int r = 0; r < 2; ++r) steps[r] = GetStatus(channels[r]).learner_steps();
     absl::SleepFor(absl::Milliseconds(50));
   }
   ASSERT_GE(std::min(steps[0], steps[1]), 20) << "the group did not train";
   // A common stop: far enough ahead of both ranks.
   const int64_t at_step = std::max(steps[0], steps[1]) + 100;
-  for (Rank& r : ranks) {
-    auto stub = v1::AdminService::NewStub(r.channel);
+  for (const auto& channel : channels) {
+    auto stub = v1::AdminService::NewStub(channel);
     grpc::ClientContext context;
     v1::PauseRequest request;
     request.set_at_step(at_step);
@@ -162,7 +120,7 @@ TEST(DistributedE2E, TwoRanksOnTwoGpusHoldEqualWeights) {
   bool paused[2] = {false, false};
   while (absl::Now() < deadline && !(paused[0] && paused[1])) {
     for (int r = 0; r < 2; ++r) {
-      const v1::StatusResponse s = Status(ranks[r].channel);
+      const v1::StatusResponse s = GetStatus(channels[r]);
       paused[r] = s.paused() && s.learner_steps() == at_step;
     }
     absl::SleepFor(absl::Milliseconds(50));
@@ -171,7 +129,7 @@ TEST(DistributedE2E, TwoRanksOnTwoGpusHoldEqualWeights) {
 
   std::vector<float> params[2], target[2];
   for (int r = 0; r < 2; ++r) {
-    auto stub = v1::AdminService::NewStub(ranks[r].channel);
+    auto stub = v1::AdminService::NewStub(channels[r]);
     grpc::ClientContext context;
     v1::CheckpointRequest request;
     request.set_name("compare");
@@ -190,8 +148,8 @@ TEST(DistributedE2E, TwoRanksOnTwoGpusHoldEqualWeights) {
       << "the ranks' online weights differ after " << at_step << " steps";
   EXPECT_EQ(std::memcmp(target[0].data(), target[1].data(), target[0].size() * sizeof(float)), 0);
   // Shut the group down together.
-  for (Rank& r : ranks) r.process->Signal(SIGTERM);
-  for (Rank& r : ranks) EXPECT_EQ(r.process->Wait(absl::Seconds(60)), 0);
+  for (Daemon& r : ranks) r.process->Signal(SIGTERM);
+  for (Daemon& r : ranks) EXPECT_EQ(r.process->Wait(absl::Seconds(60)), 0);
 }
 
 }  // namespace

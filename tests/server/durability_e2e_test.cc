@@ -31,6 +31,8 @@
 namespace qstream {
 namespace {
 
+using ::qstream::testing::GetStatus;
+
 namespace fs = std::filesystem;
 
 constexpr int kObsDim = 4;
@@ -69,15 +71,6 @@ std::shared_ptr<grpc::Channel> Channel(const testing::Daemon& d) {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(-1);
   return grpc::CreateCustomChannel(d.grpc_address, grpc::InsecureChannelCredentials(), args);
-}
-
-v1::StatusResponse GetStatus(const std::shared_ptr<grpc::Channel>& channel) {
-  auto stub = v1::AdminService::NewStub(channel);
-  grpc::ClientContext context;
-  v1::StatusResponse r;
-  const grpc::Status st = stub->Status(&context, v1::StatusRequest(), &r);
-  EXPECT_TRUE(st.ok()) << st.error_message();
-  return r;
 }
 
 grpc::Status Checkpoint(const std::shared_ptr<grpc::Channel>& channel, const std::string& name,

@@ -25,9 +25,12 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "clients/cpp/health_check.h"
+#include "grpcpp/client_context.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
+#include "proto/tensor.h"
+#include "qstream/v1/admin.grpc.pb.h"
 
 namespace qstream::testing {
 
@@ -142,17 +145,72 @@ int FreePort() {
   return ntohs(a.sin_port);
 }
 
-std::optional<Daemon> StartDaemon(const std::vector<std::string>& extra_flags, std::string* error) {
+RefusingPort::RefusingPort() {
+  fd_ = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  socklen_t len = sizeof(a);
+  getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+  port_ = ntohs(a.sin_port);
+}
+
+RefusingPort::~RefusingPort() { close(fd_); }
+
+std::string RefusingPort::address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+v1::StatusResponse GetStatus(const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = v1::AdminService::NewStub(channel);
+  grpc::ClientContext context;
+  v1::StatusResponse r;
+  const grpc::Status st = stub->Status(&context, v1::StatusRequest(), &r);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return r;
+}
+
+v1::TransitionBatch RandomNStepBatch(int count, uint64_t sequence, int obs_dim,
+                                     const std::vector<int>& branches, float discount, std::mt19937* rng) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  v1::TransitionBatch b;
+  b.set_kind(v1::TransitionBatch::KIND_NSTEP);
+  b.set_sequence(sequence);
+  b.set_count(count);
+  std::vector<float> obs, next_obs, rewards;
+  std::vector<int32_t> actions;
+  for (int i = 0; i < count * obs_dim; ++i) {
+    obs.push_back(u(*rng));
+    next_obs.push_back(u(*rng));
+  }
+  for (int i = 0; i < count; ++i) {
+    for (int n : branches) actions.push_back(static_cast<int32_t>((*rng)() % n));
+    rewards.push_back(u(*rng));
+  }
+  const auto num_branches = static_cast<int64_t>(branches.size());
+  wire::SetTensor(b.mutable_obs(), obs, {count, obs_dim});
+  wire::SetTensor(b.mutable_next_obs(), next_obs, {count, obs_dim});
+  wire::SetTensor(b.mutable_actions(), actions, {count, num_branches});
+  wire::SetTensor(b.mutable_rewards(), rewards, {count});
+  wire::SetTensor(b.mutable_discounts(), std::vector<float>(count, discount), {count});
+  return b;
+}
+
+std::unique_ptr<ChildProcess> SpawnDaemon(const std::vector<std::string>& extra_flags) {
   std::vector<std::string> argv = {BuildDir() + "/qstreamd", "--listen=127.0.0.1:0",
                                    "--metrics_listen=127.0.0.1:0"};
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
-  Daemon d;
-  d.process = ChildProcess::Spawn(argv);
-  if (!d.process) {
+  return ChildProcess::Spawn(argv);
+}
+
+std::optional<Daemon> AwaitDaemon(std::unique_ptr<ChildProcess> process, absl::Duration timeout,
+                                  std::string* error) {
+  if (!process) {
     *error = "spawn failed";
     return std::nullopt;
   }
-  const auto line = d.process->WaitForLine("listening grpc=", absl::Seconds(60));
+  Daemon d;
+  d.process = std::move(process);
+  const auto line = d.process->WaitForLine("listening grpc=", timeout);
   if (!line) {
     *error = absl::StrCat("no start-up line; output:\n", d.process->output());
     return std::nullopt;
@@ -165,6 +223,10 @@ std::optional<Daemon> StartDaemon(const std::vector<std::string>& extra_flags, s
   d.grpc_address = m[1];
   d.metrics_port = std::stoi(m[2]);
   return d;
+}
+
+std::optional<Daemon> StartDaemon(const std::vector<std::string>& extra_flags, std::string* error) {
+  return AwaitDaemon(SpawnDaemon(extra_flags), absl::Seconds(60), error);
 }
 
 Daemon StartCpuDaemonOrDie(const std::string& config_text, const std::vector<std::string>& extra_flags) {

@@ -9,11 +9,14 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
+#include "qstream/v1/admin.pb.h"
+#include "qstream/v1/experience.pb.h"
 
 namespace qstream::testing {
 
@@ -50,6 +53,12 @@ struct Daemon {
   int metrics_port = 0;
 };
 std::optional<Daemon> StartDaemon(const std::vector<std::string>& extra_flags, std::string* error);
+// The two halves of StartDaemon, for daemons that must start together (the
+// ranks of a group): SpawnDaemon does not wait (nullptr when the spawn
+// fails); AwaitDaemon waits up to `timeout` for the start-up line.
+std::unique_ptr<ChildProcess> SpawnDaemon(const std::vector<std::string>& extra_flags);
+std::optional<Daemon> AwaitDaemon(std::unique_ptr<ChildProcess> process, absl::Duration timeout,
+                                  std::string* error);
 // StartDaemon with --backend=cpu, --config=<config_text in a temp file> and
 // `extra_flags`; the test fails and aborts when the daemon does not start.
 Daemon StartCpuDaemonOrDie(const std::string& config_text, const std::vector<std::string>& extra_flags = {});
@@ -59,6 +68,31 @@ std::string BuildDir();
 std::string WriteTempFile(const std::string& name, const std::string& text);
 // A loopback TCP port that was free a moment ago.
 int FreePort();
+
+// A loopback port bound but not listening: connections to it are refused,
+// and no other process takes it while the object lives.
+class RefusingPort {
+ public:
+  RefusingPort();
+  ~RefusingPort();
+  RefusingPort(const RefusingPort&) = delete;
+  RefusingPort& operator=(const RefusingPort&) = delete;
+  int port() const { return port_; }
+  std::string address() const;  // "127.0.0.1:<port>"
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// AdminService.Status; a failed call fails the test and returns an empty response.
+v1::StatusResponse GetStatus(const std::shared_ptr<grpc::Channel>& channel);
+
+// `count` KIND_NSTEP transitions for a network of `obs_dim` inputs and
+// `branches` (actions per branch): observations and rewards uniform in
+// [-1, 1), actions uniform per branch, every discount `discount`.
+v1::TransitionBatch RandomNStepBatch(int count, uint64_t sequence, int obs_dim,
+                                     const std::vector<int>& branches, float discount, std::mt19937* rng);
 
 // Body of GET http://127.0.0.1:port/path ("" on failure).
 std::string HttpGet(int port, const std::string& path);

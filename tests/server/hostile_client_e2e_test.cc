@@ -42,6 +42,8 @@
 namespace qstream {
 namespace {
 
+using ::qstream::testing::GetStatus;
+
 using ::testing::HasSubstr;
 
 constexpr int kObsDim = 4;
@@ -90,15 +92,6 @@ void Admin(const std::shared_ptr<grpc::Channel>& channel, bool pause) {
     st = stub->Resume(&context, v1::ResumeRequest(), &r);
   }
   ASSERT_TRUE(st.ok()) << st.error_message();
-}
-
-v1::StatusResponse GetStatus(const std::shared_ptr<grpc::Channel>& channel) {
-  auto stub = v1::AdminService::NewStub(channel);
-  grpc::ClientContext context;
-  v1::StatusResponse r;
-  const grpc::Status st = stub->Status(&context, v1::StatusRequest(), &r);
-  EXPECT_TRUE(st.ok()) << st.error_message();
-  return r;
 }
 
 v1::TransitionBatch NStep(int count, uint64_t sequence, const std::string& stream_id) {

@@ -31,6 +31,7 @@ namespace qstream {
 namespace {
 
 using ::qstream::testing::FreePort;
+using ::qstream::testing::GetStatus;
 using ::qstream::testing::HealthStatus;
 using ::qstream::testing::HttpGet;
 using ::qstream::testing::MetricTypes;
@@ -65,28 +66,7 @@ std::shared_ptr<grpc::Channel> Channel(const testing::Daemon& d) {
 }
 
 v1::TransitionBatch NStepBatch(int count, uint64_t sequence, std::mt19937* rng) {
-  std::uniform_real_distribution<float> u(-1, 1);
-  v1::TransitionBatch b;
-  b.set_kind(v1::TransitionBatch::KIND_NSTEP);
-  b.set_sequence(sequence);
-  b.set_count(count);
-  std::vector<float> obs, next_obs, rewards;
-  std::vector<int32_t> actions;
-  for (int i = 0; i < count * kObsDim; ++i) {
-    obs.push_back(u(*rng));
-    next_obs.push_back(u(*rng));
-  }
-  for (int i = 0; i < count; ++i) {
-    for (int n : kBranches) actions.push_back(static_cast<int32_t>((*rng)() % n));
-    rewards.push_back(u(*rng));
-  }
-  const auto branches = static_cast<int64_t>(kBranches.size());
-  wire::SetTensor(b.mutable_obs(), obs, {count, kObsDim});
-  wire::SetTensor(b.mutable_next_obs(), next_obs, {count, kObsDim});
-  wire::SetTensor(b.mutable_actions(), actions, {count, branches});
-  wire::SetTensor(b.mutable_rewards(), rewards, {count});
-  wire::SetTensor(b.mutable_discounts(), std::vector<float>(count, 0.729f), {count});
-  return b;
+  return testing::RandomNStepBatch(count, sequence, kObsDim, kBranches, 0.729f, rng);
 }
 
 // One-step transitions of `envs` environments whose episodes end every 7 steps.
@@ -158,15 +138,6 @@ class Streamer {
   grpc::Status status_;
   std::thread thread_;
 };
-
-v1::StatusResponse GetStatus(const std::shared_ptr<grpc::Channel>& channel) {
-  auto stub = v1::AdminService::NewStub(channel);
-  grpc::ClientContext context;
-  v1::StatusResponse r;
-  const grpc::Status st = stub->Status(&context, v1::StatusRequest(), &r);
-  EXPECT_TRUE(st.ok()) << st.error_message();
-  return r;
-}
 
 // Service names listed by server reflection (v1alpha ListServices).
 std::string ReflectionListing(const std::shared_ptr<grpc::Channel>& channel) {

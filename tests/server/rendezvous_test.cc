@@ -2,13 +2,8 @@
 // the barrier, the refusals, the timeouts, cancellation and the admin token.
 #include "server/rendezvous.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -25,11 +20,13 @@
 #include "gtest/gtest.h"
 #include "spdlog/sinks/base_sink.h"
 #include "spdlog/spdlog.h"
+#include "tests/server/e2e_support.h"
 #include "trainer/config.h"
 
 namespace qstream {
 namespace {
 
+using ::qstream::testing::RefusingPort;
 using ::testing::HasSubstr;
 
 // 128 bytes like an ncclUniqueId, with zero and high bytes.
@@ -120,6 +117,22 @@ class RendezvousTest : public ::testing::Test {
     spdlog::default_logger()->sinks().push_back(watch);
     watches_.push_back(watch);
     return watch;
+  }
+  // Rank 0 of a group of three, and its rank 1 joined (rank 0 has logged
+  // the join) and waiting up to `timeout` for rank 2.
+  struct RankOneWaiting {
+    std::unique_ptr<RendezvousServer> server;
+    std::unique_ptr<Joiner> rank1;
+  };
+  RankOneWaiting StartWithRankOneWaiting(absl::Duration timeout) {
+    auto rank1_in = WatchLog("rank 1 joined (2 of 3 ranks)");
+    RankOneWaiting g;
+    g.server = StartRendezvous(3);
+    JoinOptions options = JoinTo(*g.server, RankConfig(3, 1));
+    options.timeout = timeout;
+    g.rank1 = std::make_unique<Joiner>(options);
+    rank1_in->seen().WaitForNotification();
+    return g;
   }
   void TearDown() override {
     auto& sinks = spdlog::default_logger()->sinks();
@@ -216,18 +229,13 @@ TEST_F(RendezvousTest, AJoinAfterTheGroupFormedIsRefused) {
 }
 
 TEST_F(RendezvousTest, AMissingRankTimesOutNamingIt) {
-  auto rank1_in = WatchLog("rank 1 joined (2 of 3 ranks)");
-  auto server = StartRendezvous(3);
-  JoinOptions options = JoinTo(*server, RankConfig(3, 1));
-  options.timeout = absl::Seconds(1);
-  Joiner rank1(options);
-  rank1_in->seen().WaitForNotification();
+  auto [server, rank1] = StartWithRankOneWaiting(absl::Seconds(1));
   const absl::Status st = server->AwaitGroup(absl::Milliseconds(300));
   EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
   EXPECT_THAT(std::string(st.message()), HasSubstr("rank(s) 2 of 3 did not join"));
   EXPECT_THAT(std::string(st.message()), HasSubstr("distributed.rendezvous_timeout_seconds"));
   // The waiting joiner gets no id.
-  EXPECT_EQ(rank1.result().status().code(), absl::StatusCode::kDeadlineExceeded) << rank1.result().status();
+  EXPECT_EQ(rank1->result().status().code(), absl::StatusCode::kDeadlineExceeded) << rank1->result().status();
 }
 
 TEST_F(RendezvousTest, AwaitGroupNamesEveryMissingRank) {
@@ -240,22 +248,17 @@ TEST_F(RendezvousTest, AwaitGroupNamesEveryMissingRank) {
 // Rank 0's DEADLINE_EXCEEDED is the group's failure, not the attempt's own
 // deadline: the joiner reports rank 0's reason at once instead of asking again.
 TEST_F(RendezvousTest, JoinersGetRankZerosTimeoutAtOnce) {
-  auto rank1_in = WatchLog("rank 1 joined (2 of 3 ranks)");
-  auto server = StartRendezvous(3);
-  JoinOptions options = JoinTo(*server, RankConfig(3, 1));
-  options.timeout = absl::Seconds(8);
-  Joiner rank1(options);
-  rank1_in->seen().WaitForNotification();
+  auto [server, rank1] = StartWithRankOneWaiting(absl::Seconds(8));
   const absl::Time failed = absl::Now();
   EXPECT_EQ(server->AwaitGroup(absl::Milliseconds(300)).code(), absl::StatusCode::kDeadlineExceeded);
-  const auto& id = rank1.result();
+  const auto& id = rank1->result();
   EXPECT_LT(absl::Now() - failed, absl::Seconds(5));
   EXPECT_EQ(id.status().code(), absl::StatusCode::kDeadlineExceeded) << id.status();
   EXPECT_THAT(std::string(id.status().message()), HasSubstr("rank(s) 2 of 3 did not join"));
 
   // A join after the failure gets it at once too.
   const absl::Time start = absl::Now();
-  options = JoinTo(*server, RankConfig(3, 2));
+  JoinOptions options = JoinTo(*server, RankConfig(3, 2));
   options.timeout = absl::Seconds(8);
   auto late = JoinGroup(options);
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
@@ -264,49 +267,24 @@ TEST_F(RendezvousTest, JoinersGetRankZerosTimeoutAtOnce) {
 }
 
 TEST_F(RendezvousTest, CancelledWaitStopsRankZeroAndTheJoiner) {
-  auto rank1_in = WatchLog("rank 1 joined (2 of 3 ranks)");
-  auto server = StartRendezvous(3);
-  Joiner rank1(JoinTo(*server, RankConfig(3, 1)));  // 20 s timeout
-  rank1_in->seen().WaitForNotification();
+  auto [server, rank1] = StartWithRankOneWaiting(absl::Seconds(20));
   int asked = 0;
   const absl::Time start = absl::Now();
   const absl::Status st = server->AwaitGroup(absl::Seconds(30), [&] { return ++asked > 1; });
   EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
   EXPECT_THAT(std::string(st.message()), HasSubstr("stopped while waiting for the other ranks"));
   // The joiner hears rank 0's reason at once instead of waiting out its timeout.
-  const auto& id = rank1.result();
+  const auto& id = rank1->result();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_FALSE(id.ok());
   EXPECT_THAT(std::string(id.status().message()), HasSubstr("refused the join"));
   EXPECT_THAT(std::string(id.status().message()), HasSubstr("stopped while waiting for the other ranks"));
 }
 
-// A port bound but not listening: every connection is refused, and no other
-// process can take the port while the test runs.
-class RefusingPort {
- public:
-  RefusingPort() {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    socklen_t len = sizeof(a);
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-  }
-  ~RefusingPort() { close(fd_); }
-  int port() const { return port_; }
-
- private:
-  int fd_ = -1;
-  int port_ = 0;
-};
-
 TEST_F(RendezvousTest, NobodyListeningIsDeadlineExceededAfterTheTimeout) {
   RefusingPort port;
   JoinOptions options;
-  options.address = absl::StrCat("127.0.0.1:", port.port());
+  options.address = port.address();
   options.config = RankConfig(2, 1);
   options.timeout = absl::Milliseconds(600);
   options.retry_interval = absl::Milliseconds(50);
@@ -324,7 +302,7 @@ TEST_F(RendezvousTest, NobodyListeningIsDeadlineExceededAfterTheTimeout) {
 TEST_F(RendezvousTest, CancelledJoinStopsRetrying) {
   RefusingPort port;
   JoinOptions options;
-  options.address = absl::StrCat("127.0.0.1:", port.port());
+  options.address = port.address();
   options.config = RankConfig(2, 1);
   options.timeout = absl::Seconds(60);
   options.retry_interval = absl::Milliseconds(20);
@@ -337,30 +315,19 @@ TEST_F(RendezvousTest, CancelledJoinStopsRetrying) {
 }
 
 TEST_F(RendezvousTest, RankZeroGoingAwayAnswersAPendingJoinUnavailable) {
-  auto rank1_in = WatchLog("rank 1 joined (2 of 3 ranks)");
-  auto server = StartRendezvous(3);
-  JoinOptions options = JoinTo(*server, RankConfig(3, 1));
-  options.timeout = absl::Seconds(2);
-  Joiner rank1(options);
-  rank1_in->seen().WaitForNotification();
+  auto [server, rank1] = StartWithRankOneWaiting(absl::Seconds(2));
   server.reset();
   // Rank 0 is gone: the joiner keeps asking until its own timeout.
-  const auto& id = rank1.result();
+  const auto& id = rank1->result();
   EXPECT_EQ(id.status().code(), absl::StatusCode::kDeadlineExceeded) << id.status();
   EXPECT_THAT(std::string(id.status().message()), HasSubstr("UNAVAILABLE"));
-}
-
-std::string WriteFile(const std::string& name, const std::string& text) {
-  const std::string path = absl::StrCat(::testing::TempDir(), "/rendezvous_test_", getpid(), "_", name);
-  std::ofstream(path) << text;
-  return path;
 }
 
 TEST_F(RendezvousTest, WithTokensAJoinNeedsTheAdminToken) {
   const std::string admin = "admin-token-0123456789abcdef";
   const std::string actor = "actor-token-0123456789abcdef";
-  auto authorizer =
-      TokenAuthorizer::Create(WriteFile("tokens", absl::StrCat("admin ", admin, "\nactor ", actor, "\n")));
+  auto authorizer = TokenAuthorizer::Create(
+      testing::WriteTempFile("tokens", absl::StrCat("admin ", admin, "\nactor ", actor, "\n")));
   ASSERT_TRUE(authorizer.ok()) << authorizer.status();
   auto server = StartRendezvous(2, *authorizer);
 
@@ -369,12 +336,12 @@ TEST_F(RendezvousTest, WithTokensAJoinNeedsTheAdminToken) {
   EXPECT_THAT(std::string(none.status().message()), HasSubstr("refused the join"));
 
   JoinOptions as_actor = JoinTo(*server, RankConfig(2, 1));
-  as_actor.token_file = WriteFile("actor_token", actor + "\n");
+  as_actor.token_file = testing::WriteTempFile("actor_token", actor + "\n");
   auto wrong_role = JoinGroup(as_actor);
   EXPECT_EQ(wrong_role.status().code(), absl::StatusCode::kPermissionDenied) << wrong_role.status();
 
   JoinOptions unknown = JoinTo(*server, RankConfig(2, 1));
-  unknown.token_file = WriteFile("unknown_token", "not-a-listed-token-0123456789\n");
+  unknown.token_file = testing::WriteTempFile("unknown_token", "not-a-listed-token-0123456789\n");
   EXPECT_EQ(JoinGroup(unknown).status().code(), absl::StatusCode::kUnauthenticated);
 
   EXPECT_EQ((*authorizer)->failures(AuthFailure::kMissing), 1);
@@ -382,7 +349,7 @@ TEST_F(RendezvousTest, WithTokensAJoinNeedsTheAdminToken) {
   EXPECT_EQ((*authorizer)->failures(AuthFailure::kUnknownToken), 1);
 
   JoinOptions as_admin = JoinTo(*server, RankConfig(2, 1));
-  as_admin.token_file = WriteFile("admin_token", admin + "\n");
+  as_admin.token_file = testing::WriteTempFile("admin_token", admin + "\n");
   auto id = JoinGroup(as_admin);
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(*id, GroupId());
