@@ -637,7 +637,7 @@ TEST(FirstNonFiniteTest, EveryPositionAndLengthAroundTheBlocks) {
   float payload_nan;
   std::memcpy(&payload_nan, &payload_bits, sizeof(payload_nan));
   const float bad_values[] = {kNaN, kInf, -kInf, payload_nan};
-  for (int64_t n = 0; n <= 35; ++n) {
+  for (int64_t n = 0; n <= 50; ++n) {
     std::vector<float> x(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
       x[i] = i % 3 == 0
