@@ -441,6 +441,10 @@ def main() -> int:
     p.add_argument("--table", type=Path, help="also write the markdown table here")
     p.add_argument("--n_step", type=int, default=3, help="the h200 config's returns.n_step")
     args = p.parse_args()
+    if "paused" in args.learner.split(",") and args.samples_per_insert > 0:
+        p.error(f"--learner=paused with --samples_per_insert={args.samples_per_insert}: a paused learner samples "
+                "nothing, so the rate limiter holds inserts once its error buffer is used and the case never "
+                "ends; use --learner=running (or samples_per_insert 0)")
     args.peers = [x for x in args.peers.split(",") if x]
     args.bench = args.build / "qstream-bench"
     args.qstreamd = next((q for q in (args.build / "qstreamd", args.build / "server" / "qstreamd") if q.exists()),
