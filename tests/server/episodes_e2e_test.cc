@@ -55,29 +55,15 @@ v1::EpisodeReport Episode(double episode_return, uint32_t length, int64_t policy
 // KIND_NSTEP batch of `count` random transitions carrying `episodes`.
 v1::TransitionBatch Batch(int count, uint64_t sequence, const std::string& env,
                           const std::vector<v1::EpisodeReport>& episodes, std::mt19937* rng) {
-  std::uniform_real_distribution<float> u(-1, 1);
   v1::TransitionBatch b;
-  b.set_kind(v1::TransitionBatch::KIND_NSTEP);
-  b.set_sequence(sequence);
-  b.set_count(count);
+  if (count > 0) {
+    b = testing::RandomNStepBatch(count, sequence, kObsDim, {3}, 0.81f, rng);
+  } else {  // episode reports alone
+    b.set_kind(v1::TransitionBatch::KIND_NSTEP);
+    b.set_sequence(sequence);
+  }
   b.set_env(env);
   for (const auto& e : episodes) *b.add_episodes() = e;
-  if (count == 0) return b;  // episode reports alone
-  std::vector<float> obs, next_obs, rewards;
-  std::vector<int32_t> actions;
-  for (int i = 0; i < count * kObsDim; ++i) {
-    obs.push_back(u(*rng));
-    next_obs.push_back(u(*rng));
-  }
-  for (int i = 0; i < count; ++i) {
-    actions.push_back(static_cast<int32_t>((*rng)() % 3));
-    rewards.push_back(u(*rng));
-  }
-  wire::SetTensor(b.mutable_obs(), obs, {count, kObsDim});
-  wire::SetTensor(b.mutable_next_obs(), next_obs, {count, kObsDim});
-  wire::SetTensor(b.mutable_actions(), actions, {count, 1});
-  wire::SetTensor(b.mutable_rewards(), rewards, {count});
-  wire::SetTensor(b.mutable_discounts(), std::vector<float>(count, 0.81f), {count});
   return b;
 }
 
