@@ -50,9 +50,18 @@ absl::Status DeviceReplay::Allocate() {
       if (absl::Status s = b->Allocate(r); !s.ok()) return s;
     }
     if (absl::Status s = st.actions.Allocate(r * num_branches_); !s.ok()) return s;
-    if (absl::Status s = CreateEvent(&st.copied, /*timing=*/false); !s.ok()) return s;
+    for (auto* b : {&st.dev_obs, &st.dev_next_obs}) {
+      if (absl::Status s = b->Allocate(r * obs_dim_); !s.ok()) return s;
+    }
+    for (auto* b : {&st.dev_rewards, &st.dev_discounts}) {
+      if (absl::Status s = b->Allocate(r); !s.ok()) return s;
+    }
+    if (absl::Status s = st.dev_actions.Allocate(r * num_branches_); !s.ok()) return s;
+    for (Event* e : {&st.uploaded, &st.consumed}) {
+      if (absl::Status s = CreateEvent(e, /*timing=*/false); !s.ok()) return s;
+    }
   }
-  return absl::OkStatus();
+  return CreateStream(&copy_stream_);
 }
 
 absl::Status DeviceReplay::Save(ReplayState* out) {
@@ -190,12 +199,12 @@ void DeviceReplay::InsertMany(const std::vector<const TransitionColumns*>& batch
 absl::StatusOr<DeviceReplay::Staging*> DeviceReplay::AcquireStaging() {
   Staging& st = staging_[next_staging_];
   next_staging_ ^= 1;
-  // The buffer's previous copies must have left it before it is refilled.
+  // The buffer's previous upload must have read it before it is refilled.
   if (st.in_flight) {
-    const cudaError_t done = cudaEventQuery(st.copied.get());
+    const cudaError_t done = cudaEventQuery(st.uploaded.get());
     if (done == cudaErrorNotReady) {
       const auto started = std::chrono::steady_clock::now();
-      QS_CUDA_CHECK(cudaEventSynchronize(st.copied.get()));
+      QS_CUDA_CHECK(cudaEventSynchronize(st.uploaded.get()));
       wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     } else {
       QS_CUDA_CHECK(done);
@@ -220,22 +229,40 @@ absl::Status DeviceReplay::Commit(Staging* staging, int64_t rows) {
   Staging& st = *staging;
   const int d = obs_dim_;
   const int nb = num_branches_;
+  cudaStream_t up = copy_stream_.get();
+  // 1. Host -> device staging on the copy stream, beside the step in flight,
+  //    once the learner stream has read this device buffer's previous rows.
+  QS_CUDA_CHECK(cudaStreamWaitEvent(up, st.consumed.get(), 0));
+  auto upload = [&](void* dst, const void* src, size_t bytes) -> absl::Status {
+    QS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, up));
+    return absl::OkStatus();
+  };
+  QS_RETURN_IF_ERROR(upload(st.dev_obs.get(), st.obs.get(), sizeof(float) * rows * d));
+  QS_RETURN_IF_ERROR(upload(st.dev_next_obs.get(), st.next_obs.get(), sizeof(float) * rows * d));
+  QS_RETURN_IF_ERROR(upload(st.dev_actions.get(), st.actions.get(), sizeof(int32_t) * rows * nb));
+  QS_RETURN_IF_ERROR(upload(st.dev_rewards.get(), st.rewards.get(), sizeof(float) * rows));
+  QS_RETURN_IF_ERROR(upload(st.dev_discounts.get(), st.discounts.get(), sizeof(float) * rows));
+  QS_CUDA_CHECK(cudaEventRecord(st.uploaded.get(), up));
+
+  // 2. Learner stream, after the steps before it and the upload: device
+  //    staging -> ring at the cursor, then the commit.
+  QS_CUDA_CHECK(cudaStreamWaitEvent(stream_, st.uploaded.get(), 0));
   const int64_t first_slot = cursor_;
   // The ring wraps at most once per upload (rows <= capacity).
   const int64_t head = std::min(rows, capacity_ - first_slot);
   const int64_t tail = rows - head;
   auto copy = [&](int64_t src_row, int64_t dst_slot, int64_t count) -> absl::Status {
     if (count == 0) return absl::OkStatus();
-    QS_CUDA_CHECK(cudaMemcpyAsync(obs_.get() + dst_slot * d, st.obs.get() + src_row * d,
-                                  sizeof(float) * count * d, cudaMemcpyHostToDevice, stream_));
-    QS_CUDA_CHECK(cudaMemcpyAsync(next_obs_.get() + dst_slot * d, st.next_obs.get() + src_row * d,
-                                  sizeof(float) * count * d, cudaMemcpyHostToDevice, stream_));
-    QS_CUDA_CHECK(cudaMemcpyAsync(actions_.get() + dst_slot * nb, st.actions.get() + src_row * nb,
-                                  sizeof(int32_t) * count * nb, cudaMemcpyHostToDevice, stream_));
-    QS_CUDA_CHECK(cudaMemcpyAsync(rewards_.get() + dst_slot, st.rewards.get() + src_row,
-                                  sizeof(float) * count, cudaMemcpyHostToDevice, stream_));
-    QS_CUDA_CHECK(cudaMemcpyAsync(discounts_.get() + dst_slot, st.discounts.get() + src_row,
-                                  sizeof(float) * count, cudaMemcpyHostToDevice, stream_));
+    QS_CUDA_CHECK(cudaMemcpyAsync(obs_.get() + dst_slot * d, st.dev_obs.get() + src_row * d,
+                                  sizeof(float) * count * d, cudaMemcpyDeviceToDevice, stream_));
+    QS_CUDA_CHECK(cudaMemcpyAsync(next_obs_.get() + dst_slot * d, st.dev_next_obs.get() + src_row * d,
+                                  sizeof(float) * count * d, cudaMemcpyDeviceToDevice, stream_));
+    QS_CUDA_CHECK(cudaMemcpyAsync(actions_.get() + dst_slot * nb, st.dev_actions.get() + src_row * nb,
+                                  sizeof(int32_t) * count * nb, cudaMemcpyDeviceToDevice, stream_));
+    QS_CUDA_CHECK(cudaMemcpyAsync(rewards_.get() + dst_slot, st.dev_rewards.get() + src_row,
+                                  sizeof(float) * count, cudaMemcpyDeviceToDevice, stream_));
+    QS_CUDA_CHECK(cudaMemcpyAsync(discounts_.get() + dst_slot, st.dev_discounts.get() + src_row,
+                                  sizeof(float) * count, cudaMemcpyDeviceToDevice, stream_));
     return absl::OkStatus();
   };
   if (absl::Status s = copy(0, first_slot, head); !s.ok()) return s;
@@ -252,7 +279,7 @@ absl::Status DeviceReplay::Commit(Staging* staging, int64_t rows) {
   commit.new_cursor = cursor_;
   commit.state = state_;
   QS_CUDA_CHECK(kernels::LaunchReplayCommit(commit, stream_));
-  QS_CUDA_CHECK(cudaEventRecord(st.copied.get(), stream_));
+  QS_CUDA_CHECK(cudaEventRecord(st.consumed.get(), stream_));
   st.in_flight = true;
   return absl::OkStatus();
 }

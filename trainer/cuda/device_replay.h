@@ -1,8 +1,11 @@
 // Replay ring on the device: columnar buffers (obs, next_obs, actions,
-// rewards, discounts, priorities^alpha). Inserts go through two pinned
-// staging buffers and cudaMemcpyAsync on the learner stream, so they are
-// ordered against the step's graph replays: a step sees an insert whole or
-// not at all. Size, cursor and max priority live in DeviceState (device
+// rewards, discounts, priorities^alpha). Inserts go through two staging
+// buffers, each pinned on the host and mirrored on the device: the upload
+// (host -> device staging) runs on a copy stream of its own, beside the step
+// in flight, and the learner stream then waits for it and moves the rows into
+// the ring (device -> device, ~1 us for a thousand rows) and commits them. So
+// inserts are ordered against the step's graph replays (a step sees an
+// insert whole or not at all) without the PCIe copy holding up the steps. Size, cursor and max priority live in DeviceState (device
 // memory) and are advanced in stream order, so the captured graph never needs
 // re-capture when data arrives; the host keeps a mirror of size and cursor.
 #pragma once
@@ -63,7 +66,12 @@ class DeviceReplay {
   struct Staging {
     PinnedBuffer<float> obs, next_obs, rewards, discounts;
     PinnedBuffer<int32_t> actions;
-    Event copied;  // recorded after the last copy out of this buffer
+    // The device side: what the copy stream uploads and the learner stream
+    // moves into the ring.
+    DeviceBuffer<float> dev_obs, dev_next_obs, dev_rewards, dev_discounts;
+    DeviceBuffer<int32_t> dev_actions;
+    Event uploaded;  // copy stream: the host buffer has been read (it may be refilled)
+    Event consumed;  // learner stream: the device buffer has been read (it may be uploaded to)
     bool in_flight = false;
   };
 
@@ -74,7 +82,8 @@ class DeviceReplay {
   absl::StatusOr<Staging*> AcquireStaging();
   // Copies `rows` rows of `batch` from `first_row` into staging rows [at, at + rows).
   void Pack(const TransitionColumns& batch, int64_t first_row, int64_t rows, Staging* st, int64_t at) const;
-  // Copies staging rows [0, rows) to the ring at the cursor and commits them.
+  // Uploads staging rows [0, rows) and (in learner-stream order) copies them
+  // to the ring at the cursor and commits them.
   absl::Status Commit(Staging* st, int64_t rows);
 
   const int obs_dim_;
@@ -84,6 +93,7 @@ class DeviceReplay {
   const int64_t staging_rows_;
   cudaStream_t stream_;
   kernels::DeviceState* state_;
+  Stream copy_stream_;  // uploads into the device staging buffers
 
   DeviceBuffer<float> obs_, next_obs_, rewards_, discounts_, priorities_;
   DeviceBuffer<int32_t> actions_;
