@@ -5,9 +5,10 @@
 // in flight, and the learner stream then waits for it and moves the rows into
 // the ring (device -> device, ~1 us for a thousand rows) and commits them. So
 // inserts are ordered against the step's graph replays (a step sees an
-// insert whole or not at all) without the PCIe copy holding up the steps. Size, cursor and max priority live in DeviceState (device
-// memory) and are advanced in stream order, so the captured graph never needs
-// re-capture when data arrives; the host keeps a mirror of size and cursor.
+// insert whole or not at all) without the PCIe copy holding up the steps.
+// Size, cursor and max priority live in DeviceState (device memory) and are
+// advanced in stream order, so the captured graph never needs re-capture
+// when data arrives; the host keeps a mirror of size and cursor.
 #pragma once
 
 #include <cuda_runtime_api.h>
