@@ -61,7 +61,7 @@ inline std::unique_ptr<Learner> MakeCpuLearner(const v1::TrainerConfig& config) 
 // Enqueues `items` and waits for the insert's callback.
 inline void InsertAndWait(Learner* learner, TransitionColumns items) {
   absl::Notification inserted;
-  learner->Enqueue(std::move(items), [&](absl::Status s, int64_t) {
+  learner->Enqueue(std::move(items), [&](const absl::Status& s, int64_t) {
     EXPECT_TRUE(s.ok()) << s;
     inserted.Notify();
   });
