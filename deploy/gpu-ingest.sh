@@ -14,7 +14,7 @@ set -uo pipefail
 stage="$(cd "${1:-stage}" && pwd)"
 out="${OUT:-/tmp/qstream-out}"
 mkdir -p "$out"
-export LD_LIBRARY_PATH="$stage/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # staged binaries find lib/ by RUNPATH
 bin="$stage/bin"
 summary="$out/summary.txt"
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$summary" 2>&1

@@ -3,7 +3,7 @@
 # gpu-run.sh, then per-kernel ncu times and warp-stall reasons of the fused kernels.
 # Run from the repository root over a folder staged by deploy/gpu-stage.sh (stage/).
 cd stage && SKIP_TESTS=1 SKIP_SANITIZER=1 OUT=$OUT timeout 520 bash gpu-run.sh . > /dev/null 2>&1
-export LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64  # staged binaries find lib/ by RUNPATH
 for cfg in "h200 1024 tf32" "h200 1024 bf16" "small 256 tf32"; do set -- $cfg
  QSTREAM_CUDA_PATH=fused timeout 60 ncu --clock-control none --graph-profiling node --kernel-name regex:"Chain|Grad|Pack|Loss|Sample|Gather|Finalize|Adam|Scan|Normalize" --launch-skip 12 --launch-count 12 --metrics gpu__time_duration.sum --csv bin/qstream-bench learner --backend=cuda --config=$1 --batch=$2 --precision=$3 --fill=50000 --steps=3 --warmup=0 --repeats=1 2>&1 | grep gpu__time | awk -F'","' -v c="$cfg" '{print c " | " $5 " | " $NF}' >> $OUT/ncu.txt
 done

@@ -21,7 +21,10 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
          "$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null)"; do
   [[ -e "$d/libcublasLt.so.13" ]] && cuda_libs="$cuda_libs:$d"
 done
-export LD_LIBRARY_PATH="$stage/lib:${cuda_libs#:}:${LD_LIBRARY_PATH:-}"
+# The staged binaries find stage/lib by their RUNPATH (deploy/gpu-stage.sh);
+# only the machine's own CUDA libraries go on the path, so system tools
+# (curl, python3) keep their own libcurl, libssl ...
+export LD_LIBRARY_PATH="${cuda_libs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # NCCL for the data-parallel tests (loaded at run time): the toolkit's or torch's.
 export NCCL_NVLS_ENABLE=0
 if [[ -z "${NCCL_LIBRARY:-}" ]]; then
@@ -126,8 +129,7 @@ if [[ "${METRICS:-0}" == 1 && -x "$bin/qstreamd" ]]; then
   timeout 60 "$bin/qstream-bench" load --address="$addr" --config=h200 --streams=8 --items_per_message=1024 \
     --window_seconds=5 --repeats=1 > "$m/load.jsonl" 2>> "$m/load.log"
   sleep 2
-  # The system curl with its own libraries (the staged libcurl/libssl would shadow them).
-  LD_LIBRARY_PATH= curl -s --noproxy "*" "127.0.0.1:$mport/metrics" > "$m/metrics.txt" || echo "curl rc=$?" >> "$summary"
+  curl -s --noproxy "*" "127.0.0.1:$mport/metrics" > "$m/metrics.txt" || echo "curl rc=$?" >> "$summary"
   kill -TERM "$qpid"; wait "$qpid"
   cp "$m/metrics.txt" "$out/metrics.txt"
   tail -n 30 "$m/qstreamd.log" >> "$out/metrics.txt"

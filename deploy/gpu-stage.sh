@@ -3,7 +3,7 @@
 # and cuBLAS but none of the project's other libraries: binaries into
 # stage/bin, the non-system shared libraries they need into stage/lib (cuBLAS
 # and the CUDA runtime come from the GPU machine), the benchmark peers into
-# stage/peers, and deploy/gpu-run.sh beside them.
+# stage/peers, and deploy/gpu-run.sh beside them. Needs patchelf (deploy/install-deps.sh).
 # Usage: deploy/gpu-stage.sh [BUILD_DIR] [STAGE_DIR]   (defaults build-cuda, stage)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -33,6 +33,12 @@ for bin in "${bins[@]}"; do
     esac
   done
 done
+# The staged binaries find stage/lib by their RUNPATH ($ORIGIN/../lib; each
+# staged library finds its siblings by $ORIGIN), so nothing needs
+# LD_LIBRARY_PATH: a global one would shadow the GPU machine's own libcurl,
+# libssl ... for its system tools (curl, python3) too.
+for bin in "${bins[@]}"; do patchelf --set-rpath '$ORIGIN/../lib' "$bin"; done
+for lib in "$stage"/lib/*; do patchelf --set-rpath '$ORIGIN' "$lib"; done
 if [[ -d "$peers" ]]; then cp -r "$peers/." "$stage/peers/"; fi
 cp "$root/deploy/gpu-run.sh" "$stage/"
 du -sh "$stage"

@@ -15,6 +15,7 @@ APT_PACKAGES=(
   python3 python3-pip python3-venv
   prometheus-pushgateway prometheus prometheus-alertmanager yamllint
   libspdlog-dev libfmt-dev
+  patchelf
 )
 
 missing=()
