@@ -16,6 +16,10 @@
 #include "trainer/distributed.h"
 
 namespace qstream {
+namespace {
+// Trailing metadata on every Join answer rank 0 gives.
+constexpr char kAnsweredByRankZero[] = "qstream-rendezvous-answer";
+}  // namespace
 
 class RendezvousServer::Service final : public v1::RendezvousService::Service {
  public:
@@ -26,6 +30,9 @@ class RendezvousServer::Service final : public v1::RendezvousService::Service {
 
   grpc::Status Join(grpc::ServerContext* context, const v1::JoinRequest* request,
                     v1::JoinResponse* response) override ABSL_LOCKS_EXCLUDED(mu_) {
+    // Marks every answer as rank 0's own, so a joiner can tell a group failure
+    // (even DEADLINE_EXCEEDED) from its own call's deadline.
+    context->AddTrailingMetadata(kAnsweredByRankZero, "1");
     if (request->world_size() != world_size_) {
       return {grpc::StatusCode::FAILED_PRECONDITION,
               absl::StrCat("world_size: ", request->world_size(),
@@ -181,8 +188,10 @@ absl::StatusOr<std::string> JoinGroup(const JoinOptions& options) {
     // Rank 0 not up yet, or still waiting for other ranks: ask again.
     // (Only this call's own deadline: a DEADLINE_EXCEEDED that rank 0
     // answers is the group's failure.)
-    const bool attempt_timed_out =
-        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && absl::Now() >= attempt_deadline;
+    // gRPC's timer and absl::Now() need not agree to the microsecond, so the
+    // marker rank 0 puts on every answer decides, not the clock.
+    const bool attempt_timed_out = status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+                                   !context.GetServerTrailingMetadata().contains(kAnsweredByRankZero);
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE && !attempt_timed_out) {
       // CANCELLED from rank 0 (it was stopped) must not read as this rank's own stop.
       const auto code = status.error_code() == grpc::StatusCode::CANCELLED
