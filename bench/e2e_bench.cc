@@ -82,15 +82,15 @@ struct Flags {
 };
 
 void Usage() {
-  std::fprintf(
-      stderr,
-      "usage: qstream-bench e2e [--qstreamd=PATH (next to this binary)] [--backend=cuda|cpu]\n"
-      "         [--config=h200|small] [--batch=1024] [--streams=8] [--in_flight=8] "
-      "[--items_per_message=1024]\n"
-      "         [--kind=nstep|step] [--seconds=20] [--warmup_seconds=3] [--replay_capacity=N (config's)]\n"
-      "         [--prefill=N (capacity/4)] [--samples_per_insert=0 (no rate limit)]\n"
-      "         [--reference=auto|on|off (auto: on for cuda)] [--learner_rate_reference_us=US]\n"
-      "         [--startup_timeout_seconds=180] [--seed=1]\n");
+  std::fprintf(stderr,
+               "usage: qstream-bench e2e [--qstreamd=PATH (next to this binary)] [--backend=cuda|cpu]\n"
+               "         [--config=h200|small] [--batch=1024] [--streams=8] [--in_flight=8] "
+               "[--items_per_message=1024]\n"
+               "         [--kind=nstep|step|step_stream] [--seconds=20] [--warmup_seconds=3] "
+               "[--replay_capacity=N (config's)]\n"
+               "         [--prefill=N (capacity/4)] [--samples_per_insert=0 (no rate limit)]\n"
+               "         [--reference=auto|on|off (auto: on for cuda)] [--learner_rate_reference_us=US]\n"
+               "         [--startup_timeout_seconds=180] [--seed=1]\n");
 }
 
 absl::Status ParseFlags(int argc, char** argv, Flags* f) {
@@ -113,7 +113,7 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f) {
       ok = absl::SimpleAtoi(value, &f->items_per_message) && f->items_per_message > 0;
     } else if (name == "kind") {
       f->kind = value;
-      ok = value == "nstep" || value == "step";
+      ok = value == "nstep" || value == "step" || value == "step_stream";
     } else if (name == "seconds") {
       ok = absl::SimpleAtod(value, &f->seconds) && f->seconds > 0;
     } else if (name == "warmup_seconds") {
@@ -471,7 +471,8 @@ absl::Status Run(const Flags& flags) {
   load_options.streams = flags.streams;
   load_options.items_per_message = flags.items_per_message;
   load_options.in_flight = flags.in_flight;
-  load_options.step_kind = flags.kind == "step";
+  load_options.step_kind = flags.kind != "nstep";
+  load_options.step_stream = flags.kind == "step_stream";
   load_options.seed = flags.seed;
   LoadStreams load(*spec, load_options);
   const Scraper scraper(daemon->metrics_port, process->pid(), &load);

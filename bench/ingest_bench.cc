@@ -44,7 +44,8 @@ void Usage() {
       stderr,
       "usage: qstream-bench ingest [--config=h200|small] [--backend=cpu|cuda|auto] [--streams=64] "
       "[--in_flight=8]\n"
-      "         [--batch=256] [--kind=nstep|step] [--seconds=5] [--repeats=3] [--warmup_seconds=3]\n"
+      "         [--batch=256] [--kind=nstep|step|step_stream] [--seconds=5] [--repeats=3] "
+      "[--warmup_seconds=3]\n"
       "         [--idle_seconds=5] [--learner_batch=256] [--replay_capacity=N] [--samples_per_insert=0]\n"
       "         [--seed=1]\n");
 }
@@ -58,7 +59,7 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f) {
       f->backend = value;
     } else if (name == "kind") {
       f->kind = value;
-      ok = value == "nstep" || value == "step";
+      ok = value == "nstep" || value == "step" || value == "step_stream";
     } else if (name == "streams") {
       ok = absl::SimpleAtoi(value, &f->streams) && f->streams > 0;
     } else if (name == "in_flight") {
@@ -195,7 +196,8 @@ absl::Status Run(const Flags& flags) {
   load.streams = flags.streams;
   load.in_flight = flags.in_flight;
   load.items_per_message = flags.batch;
-  load.step_kind = flags.kind == "step";
+  load.step_kind = flags.kind != "nstep";
+  load.step_stream = flags.kind == "step_stream";
   load.seed = flags.seed;
   LoadStreams streams(*spec, load);
 

@@ -9,7 +9,8 @@ qstream Python SDK as users call it (PYTHONPATH=clients/python).
 api=writer (auto when qstream.Writer exists): a vector env of K envs; each
 env step is one `Writer.append(obs [K, 48], action [K, 4], reward [K],
 terminated [K], truncated [K], next_obs [K, 48])` with max_batch=K, so every
-append is one message of K transitions (KIND_STEP, the daemon assembles the
+append is one message of K transitions (KIND_STEP in the step-stream form:
+next_obs goes out only for the rows that end an episode; the daemon assembles the
 n-step returns per env). api=actor_client: `ActorClient.send` of a KIND_NSTEP
 TransitionBatch whose Tensor columns are built from numpy with tobytes()
 (what a user without the Writer does).

@@ -47,7 +47,7 @@ void LoadUsage() {
   std::fprintf(
       stderr,
       "usage: qstream-bench load --address=HOST:PORT [--config=h200|small] [--streams=1] [--in_flight=8]\n"
-      "         [--items_per_message=64] [--kind=nstep|step] [--start_at=UNIX_SECONDS (now+1)]\n"
+      "         [--items_per_message=64] [--kind=nstep|step|step_stream] [--start_at=UNIX_SECONDS (now+1)]\n"
       "         [--window_seconds=5] [--repeats=3] [--seed=1]\n");
 }
 
@@ -66,7 +66,7 @@ absl::Status ParseLoadFlags(int argc, char** argv, LoadFlags* f) {
       ok = absl::SimpleAtoi(value, &f->items_per_message) && f->items_per_message > 0;
     } else if (name == "kind") {
       f->kind = value;
-      ok = value == "nstep" || value == "step";
+      ok = value == "nstep" || value == "step" || value == "step_stream";
     } else if (name == "start_at") {
       ok = absl::SimpleAtod(value, &f->start_at) && f->start_at >= 0;
     } else if (name == "window_seconds") {
@@ -103,7 +103,8 @@ absl::Status RunLoad(const LoadFlags& flags) {
   options.streams = flags.streams;
   options.in_flight = flags.in_flight;
   options.items_per_message = flags.items_per_message;
-  options.step_kind = flags.kind == "step";
+  options.step_kind = flags.kind != "nstep";
+  options.step_stream = flags.kind == "step_stream";
   options.seed = flags.seed;
   LoadStreams load(*spec, options);
 

@@ -24,7 +24,8 @@ constexpr int kBodiesPerStream = 4;
 constexpr double kTerminalProbability = 0.02;
 
 // A batch body without its sequence number, serialized once.
-std::string MakeBody(const NetworkSpec& spec, int count, bool step_kind, std::mt19937_64* rng) {
+std::string MakeBody(const NetworkSpec& spec, int count, bool step_kind, bool step_stream,
+                     std::mt19937_64* rng) {
   std::uniform_real_distribution<float> u(-1, 1);
   std::bernoulli_distribution terminal(kTerminalProbability);
   const int64_t n = count;
@@ -52,7 +53,18 @@ std::string MakeBody(const NetworkSpec& spec, int count, bool step_kind, std::mt
   b.set_kind(step_kind ? v1::TransitionBatch::KIND_STEP : v1::TransitionBatch::KIND_NSTEP);
   b.set_count(count);
   wire::SetTensor(b.mutable_obs(), obs, {n, obs_dim});
-  wire::SetTensor(b.mutable_next_obs(), next_obs, {n, obs_dim});
+  if (step_kind && step_stream) {
+    // The step-stream form: the final obs of the rows that end, no next_obs.
+    std::vector<float> final_obs;
+    for (int64_t i = 0; i < n; ++i) {
+      if (done[i] != 0)
+        final_obs.insert(final_obs.end(), &next_obs[i * obs_dim], &next_obs[(i + 1) * obs_dim]);
+    }
+    const auto ends = static_cast<int64_t>(final_obs.size()) / obs_dim;
+    if (ends > 0) wire::SetTensor(b.mutable_final_obs(), final_obs, {ends, obs_dim});
+  } else {
+    wire::SetTensor(b.mutable_next_obs(), next_obs, {n, obs_dim});
+  }
   wire::SetTensor(b.mutable_actions(), actions, {n, branches});
   wire::SetTensor(b.mutable_rewards(), rewards, {n});
   if (step_kind) {
@@ -202,7 +214,8 @@ LoadStreams::LoadStreams(const NetworkSpec& spec, const LoadOptions& options) {
     std::vector<grpc::Slice> bodies;
     bodies.reserve(kBodiesPerStream);
     for (int k = 0; k < kBodiesPerStream; ++k) {
-      bodies.emplace_back(MakeBody(spec, options.items_per_message, options.step_kind, &rng));
+      bodies.emplace_back(
+          MakeBody(spec, options.items_per_message, options.step_kind, options.step_stream, &rng));
     }
     streams_.push_back(std::make_unique<BenchStream>(stubs_.back().get(), std::move(bodies),
                                                      options.in_flight, &stop_, &measuring_));

@@ -27,6 +27,7 @@ struct LoadOptions {
   int streams = 1;
   int items_per_message = 256;  // transitions per TransitionBatch
   bool step_kind = false;       // KIND_STEP (server-side n-step) instead of KIND_NSTEP
+  bool step_stream = false;     // with step_kind: the step-stream form (final_obs at ends, no next_obs)
   int in_flight = 1;            // batches sent but not yet acknowledged, per stream
   uint64_t seed = 1;
 };

@@ -28,10 +28,15 @@ struct Flags {
   int episode_length = 200;
   int batches = 2000;
   int repeats = 5;
+  bool step_stream = false;  // --form=stream: next_obs only at episode ends (final_obs)
 };
 
 absl::Status Parse(int argc, char** argv, Flags* f) {
   return ParseFlagArgs(argc, argv, [f](const std::string& name, const std::string& value) {
+    if (name == "form") {
+      f->step_stream = value == "stream";
+      return value == "stream" || value == "full" ? FlagValue::kOk : FlagValue::kBad;
+    }
     int* target = name == "envs"             ? &f->envs
                   : name == "obs_dim"        ? &f->obs_dim
                   : name == "branches"       ? &f->branches
@@ -48,7 +53,8 @@ absl::Status Parse(int argc, char** argv, Flags* f) {
 void Usage() {
   std::fprintf(stderr,
                "usage: qstream-bench nstep [--envs=1024] [--obs_dim=48] [--branches=4] [--n_step=3]\n"
-               "                           [--episode_length=200] [--batches=2000] [--repeats=5]\n");
+               "                           [--episode_length=200] [--batches=2000] [--repeats=5]\n"
+               "                           [--form=full|stream (next_obs only at episode ends)]\n");
 }
 
 absl::Status Run(const Flags& f) {
@@ -73,14 +79,19 @@ absl::Status Run(const Flags& f) {
     c.obs_dim = f.obs_dim;
     c.num_branches = f.branches;
     for (int e = 0; e < f.envs; ++e) {
+      const bool done = (t + e) % f.episode_length == f.episode_length - 1;
       for (int d = 0; d < f.obs_dim; ++d) {
         c.obs.push_back(normal(rng));
-        c.next_obs.push_back(normal(rng));
+        if (!f.step_stream) {
+          c.next_obs.push_back(normal(rng));
+        } else if (done) {
+          b.final_obs.push_back(normal(rng));
+        }
       }
       for (int br = 0; br < f.branches; ++br) c.actions.push_back(static_cast<int32_t>(rng() % 4));
       c.rewards.push_back(normal(rng));
       b.env_ids.push_back(static_cast<uint32_t>(e));
-      b.done.push_back((t + e) % f.episode_length == f.episode_length - 1 ? 1 : 0);
+      b.done.push_back(done ? 1 : 0);
     }
     return b;
   };
@@ -120,6 +131,7 @@ absl::Status Run(const Flags& f) {
                       {"obs_dim", f.obs_dim},
                       {"branches", f.branches},
                       {"n_step", f.n_step},
+                      {"form", f.step_stream ? "stream" : "full"},
                       {"batches", f.batches},
                       {"repeats", f.repeats},
                       {"ns_per_transition_median", median},

@@ -118,6 +118,19 @@ void TransitionBatchSeeds(const fs::path& dir) {
   wire::SetElement(m2.mutable_done(), 0, uint8_t{1});
   Write(dir / "step_envs_truncated", Delimited({m1, m2}));
 
+  // The step-stream form (no next_obs; final_obs at the rows that end),
+  // interleaved with a full-form batch of the same envs.
+  v1::TransitionBatch s1 = StepBatch("stream-1", 1, 4, {0, 1, 0, 1});
+  s1.clear_next_obs();
+  wire::SetBoolTensor(s1.mutable_done(), {false, false, true, false});
+  wire::SetTensor(s1.mutable_final_obs(), std::vector<float>(kObsDim, 0.5f), {1, kObsDim});
+  v1::TransitionBatch s2 = StepBatch("stream-1", 2, 2, {1, 0});
+  v1::TransitionBatch s3 = StepBatch("stream-1", 3, 3, {0, 1, 1});
+  s3.clear_next_obs();
+  wire::SetBoolTensor(s3.mutable_truncated(), {false, true, false});
+  wire::SetTensor(s3.mutable_final_obs(), std::vector<float>(kObsDim, -0.5f), {1, kObsDim});
+  Write(dir / "step_stream_form", Delimited({s1, s2, s3}));
+
   // More envs than the session holds.
   Write(dir / "step_too_many_envs", Delimited({StepBatch("s", 1, 6, {0, 1, 2, 3, 4, 5})}));
 

@@ -43,15 +43,17 @@ void NStepAssembler::Push(NStepWindow& w, const float* obs, const int32_t* actio
   std::copy(obs, obs + obs_dim_, this->obs(w, slot));
   std::copy(actions, actions + branches_, w.actions.begin() + static_cast<size_t>(slot) * branches_);
   rewards(w)[slot] = reward;
-  std::copy(next_obs, next_obs + obs_dim_, last_next_obs(w));
+  if (next_obs != nullptr) std::copy(next_obs, next_obs + obs_dim_, last_next_obs(w));
+  w.awaiting = next_obs == nullptr;
   ++w.size;
 }
 
-void NStepAssembler::Emit(const NStepWindow& w, int offset, bool terminal, TransitionColumns* out) const {
+void NStepAssembler::Emit(const NStepWindow& w, int offset, int end, const float* next, bool terminal,
+                          TransitionColumns* out) const {
   double ret = 0;
   double discount = 1;
   const float* r = rewards(w);
-  for (int k = offset; k < w.size; ++k) {
+  for (int k = offset; k < end; ++k) {
     ret += discount * r[(w.head + k) % n_];
     discount *= gamma_;
   }
@@ -62,13 +64,18 @@ void NStepAssembler::Emit(const NStepWindow& w, int offset, bool terminal, Trans
                       w.actions.begin() + static_cast<size_t>(slot + 1) * branches_);
   out->rewards.push_back(static_cast<float>(ret));
   out->discounts.push_back(terminal ? 0.0f : static_cast<float>(discount));
-  const float* next = last_next_obs(w);
   out->next_obs.insert(out->next_obs.end(), next, next + obs_dim_);
   ++out->n;
 }
 
 void NStepAssembler::EmitAll(const NStepWindow& w, bool terminal, TransitionColumns* out) const {
-  for (int k = 0; k < w.size; ++k) Emit(w, k, terminal, out);
+  if (w.awaiting) {
+    // The newest step has no next state; the ones before it bootstrap from its obs.
+    const float* next = obs(w, (w.head + w.size - 1) % n_);
+    for (int k = 0; k + 1 < w.size; ++k) Emit(w, k, w.size - 1, next, terminal, out);
+    return;
+  }
+  for (int k = 0; k < w.size; ++k) Emit(w, k, w.size, last_next_obs(w), terminal, out);
 }
 
 std::optional<BatchError> NStepAssembler::Add(const IncomingBatch& batch, NStepWindows* windows,
@@ -107,6 +114,9 @@ int64_t NStepAssembler::Advance(const IncomingBatch& batch, NStepWindows* window
   const int64_t count = batch.count();
   const bool has_env_ids = !batch.env_ids.empty();
   const bool has_truncated = !batch.truncated.empty();
+  // The step-stream form: a row's next state is the next row's obs of its env.
+  const bool stream_form = batch.columns.next_obs.empty();
+  const float* final_obs = batch.final_obs.data();
   const TransitionColumns& in = batch.columns;
   const int64_t before = static_cast<int64_t>(windows->size());
   bool emptied = false;
@@ -115,16 +125,30 @@ int64_t NStepAssembler::Advance(const IncomingBatch& batch, NStepWindows* window
     auto it = windows->find(id);
     if (it == windows->end()) it = windows->emplace(id, EmptyWindow()).first;
     NStepWindow& w = it->second;
-    Push(w, in.obs.data() + i * obs_dim_, in.actions.data() + i * branches_, in.rewards[i],
-         in.next_obs.data() + i * obs_dim_);
+    const float* obs = in.obs.data() + i * obs_dim_;
+    if (w.awaiting && w.size == n_) {
+      // This row's obs is the newest step's next state: the oldest item is complete.
+      if (out != nullptr) Emit(w, 0, n_, obs, /*terminal=*/false, out);
+      w.head = (w.head + 1) % n_;
+      --w.size;
+    }
     const bool done = batch.done[i] != 0;
-    if (done || (has_truncated && batch.truncated[i] != 0)) {
+    const bool ends = done || (has_truncated && batch.truncated[i] != 0);
+    const float* next = nullptr;
+    if (!stream_form) {
+      next = in.next_obs.data() + i * obs_dim_;
+    } else if (ends) {
+      next = final_obs;
+      final_obs += obs_dim_;
+    }
+    Push(w, obs, in.actions.data() + i * branches_, in.rewards[i], next);
+    if (ends) {
       if (out != nullptr) EmitAll(w, /*terminal=*/done, out);
       w.head = 0;
       w.size = 0;
       emptied = true;
-    } else if (w.size == n_) {
-      if (out != nullptr) Emit(w, 0, /*terminal=*/false, out);
+    } else if (w.size == n_ && !w.awaiting) {
+      if (out != nullptr) Emit(w, 0, n_, last_next_obs(w), /*terminal=*/false, out);
       w.head = (w.head + 1) % n_;
       --w.size;
     }
@@ -165,8 +189,12 @@ void NStepAssembler::Save(const NStepWindows& windows,
                                 w.actions.begin() + static_cast<size_t>(slot + 1) * branches_);
       s->add_rewards(rewards(w)[slot]);
     }
-    const float* next = last_next_obs(w);
-    s->mutable_last_next_obs()->Add(next, next + obs_dim_);
+    if (w.awaiting) {
+      s->set_awaiting_next_obs(true);
+    } else {
+      const float* next = last_next_obs(w);
+      s->mutable_last_next_obs()->Add(next, next + obs_dim_);
+    }
   }
 }
 
@@ -178,9 +206,13 @@ absl::Status NStepAssembler::Load(const google::protobuf::RepeatedPtrField<v1::N
     const std::string where = absl::StrCat("windows[", i, "] (env_id ", s.env_id(), ")");
     const int size = s.rewards_size();
     if (size == 0) continue;
-    if (size >= n_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": ", size, " steps; returns.n_step = ", n_, " holds at most ", n_ - 1));
+    const bool awaiting = s.awaiting_next_obs();
+    // An awaiting window holds its n-th step until the next row's obs comes.
+    const int most = awaiting ? n_ : n_ - 1;
+    if (size > most) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", size, " steps; returns.n_step = ", n_,
+                                                     " holds at most ", most,
+                                                     awaiting ? " (awaiting_next_obs)" : ""));
     }
     if (s.obs_size() != size * obs_dim_) {
       return absl::InvalidArgumentError(
@@ -190,9 +222,11 @@ absl::Status NStepAssembler::Load(const google::protobuf::RepeatedPtrField<v1::N
       return absl::InvalidArgumentError(absl::StrCat(where, ": actions: ", s.actions_size(),
                                                      " values, expected ", size, " x branches ", branches_));
     }
-    if (s.last_next_obs_size() != obs_dim_) {
+    const int next_values = awaiting ? 0 : obs_dim_;
+    if (s.last_next_obs_size() != next_values) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": last_next_obs: ", s.last_next_obs_size(),
-                                                     " values, expected obs_dim ", obs_dim_));
+                                                     " values, expected ", next_values,
+                                                     awaiting ? " (awaiting_next_obs)" : " (obs_dim)"));
     }
     for (int j = 0; j < s.actions_size(); ++j) {
       const int b = j % branches_;
@@ -208,6 +242,7 @@ absl::Status NStepAssembler::Load(const google::protobuf::RepeatedPtrField<v1::N
     std::copy(s.rewards().begin(), s.rewards().end(), rewards(w));
     std::copy(s.last_next_obs().begin(), s.last_next_obs().end(), last_next_obs(w));
     w.size = size;
+    w.awaiting = awaiting;
     if (!windows.emplace(s.env_id(), std::move(w)).second) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": env_id appears twice"));
     }

@@ -8,6 +8,13 @@
 // timeout), every remaining item leaves with its shorter K and bootstraps
 // from the window's last next_obs.
 //
+// In the step-stream form (KIND_STEP without next_obs) a step's next state is
+// the obs of its env's next row: the window then waits for it ("awaiting"),
+// holding up to n steps, and the row that brings it completes the oldest
+// item; an episode's end brings its own (final_obs). A flush of an awaiting
+// window bootstraps from the newest step's obs and drops that step (it has
+// no next state).
+//
 // The assembler holds no windows itself: they belong to the ingest session,
 // which keeps two sets: the issued windows (after every batch handed to the
 // learner) and the committed ones (after every batch whose insert
@@ -36,7 +43,8 @@
 namespace qstream {
 
 // Ring of at most n steps: obs, actions and rewards per step, plus the
-// next_obs of the newest step (the bootstrap state of every item in it).
+// next_obs of the newest step (the bootstrap state of every item in it),
+// unless `awaiting` (the newest step's next state is the next row's obs).
 // Two allocations per window (a window is copied per batch that touches it,
 // so their number is the assembly's cost at many envs per message):
 // `values` = n x obs_dim obs | n rewards | obs_dim last_next_obs.
@@ -45,6 +53,7 @@ struct NStepWindow {
   std::vector<int32_t> actions;  // n x num_branches
   int head = 0;
   int size = 0;
+  bool awaiting = false;
 };
 
 // A session's windows by env_id (a hash map: one lookup per row of a batch).
@@ -74,7 +83,9 @@ class NStepAssembler {
 
   // Appends every item of every window as a shorter-horizon, non-terminal
   // transition (R over the steps that exist, discount gamma^K, bootstrap
-  // from last_next_obs), env by env, oldest first. The windows stay as they
+  // from last_next_obs; an awaiting window's items up to its newest step,
+  // bootstrapping from that step's obs, and not the newest step itself),
+  // env by env, oldest first. The windows stay as they
   // are: the caller clears them once the items are inserted.
   void Flush(const NStepWindows& windows, TransitionColumns* out) const;
 
@@ -113,12 +124,15 @@ class NStepAssembler {
   const float* last_next_obs(const NStepWindow& w) const { return rewards(w) + n_; }
   // Add's and Replay's work: items to `out` when not null; windows gained.
   int64_t Advance(const IncomingBatch& batch, NStepWindows* windows, TransitionColumns* out) const;
+  // Adds a step at the back; `next_obs` null leaves the window awaiting.
   void Push(NStepWindow& w, const float* obs, const int32_t* actions, float reward,
             const float* next_obs) const;
   // Appends the item `offset` steps after the head: its return over the
-  // rest of the window.
-  void Emit(const NStepWindow& w, int offset, bool terminal, TransitionColumns* out) const;
-  // Appends every item of `w`.
+  // steps [offset, end), bootstrapping from `next`.
+  void Emit(const NStepWindow& w, int offset, int end, const float* next, bool terminal,
+            TransitionColumns* out) const;
+  // Appends every item of `w` that has a next state (all but an awaiting
+  // window's newest step).
   void EmitAll(const NStepWindow& w, bool terminal, TransitionColumns* out) const;
 
   const int obs_dim_;

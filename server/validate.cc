@@ -29,8 +29,9 @@ const std::vector<std::string>& BatchFieldNames() {
   // "queued_bytes": server.max_queued_bytes was full; "message": the bytes
   // did not parse (the stream ended).
   static const std::vector<std::string> kNames = {
-      "kind",      "count",   "obs", "next_obs", "actions",        "rewards",   "discounts",    "done",
-      "truncated", "env_ids", "env", "episodes", "policy_version", "stream_id", "queued_bytes", "message"};
+      "kind",           "count",     "obs",          "next_obs", "actions",  "rewards",
+      "discounts",      "done",      "truncated",    "env_ids",  "env",      "episodes",
+      "policy_version", "stream_id", "queued_bytes", "message",  "final_obs"};
   return kNames;
 }
 
@@ -223,8 +224,9 @@ DecodedBatch DecodeBatch(grpc::ByteBuffer* bytes, const v1::ServerConfig& server
 
 int64_t IncomingBatch::bytes() const {
   const TransitionColumns& c = columns;
-  const int64_t words = static_cast<int64_t>(c.obs.size() + c.next_obs.size() + c.actions.size() +
-                                             c.rewards.size() + c.discounts.size() + env_ids.size());
+  const int64_t words =
+      static_cast<int64_t>(c.obs.size() + c.next_obs.size() + c.actions.size() + c.rewards.size() +
+                           c.discounts.size() + env_ids.size() + final_obs.size());
   return words * 4 + static_cast<int64_t>(done.size() + truncated.size() + stream_id.size()) +
          episodes.bytes() + static_cast<int64_t>(sizeof(IncomingBatch));
 }
@@ -253,6 +255,7 @@ struct ColumnSpec {
   int64_t rows;
   int64_t cols;  // 0: a vector [rows]
   const char* cols_name;
+  const char* rows_name = "count";
 };
 
 // Checks one tensor against `c` (dtype, shape, then the byte length) and
@@ -268,11 +271,11 @@ std::optional<BatchError> TakeColumn(const v1::Tensor& t, const ColumnSpec& c, s
   const bool shape_ok = matrix ? (shape.size() == 2 && shape[0] == c.rows && shape[1] == c.cols)
                                : (shape.size() == 1 && shape[0] == c.rows);
   if (!shape_ok) {
-    return Invalid(c.field, matrix
-                                ? absl::StrCat(c.field, ": shape ", ShapeString(shape), ", expected [count, ",
-                                               c.cols_name, "] = [", c.rows, ", ", c.cols, "]")
-                                : absl::StrCat(c.field, ": shape ", ShapeString(shape),
-                                               ", expected [count] = [", c.rows, "]"));
+    return Invalid(c.field,
+                   matrix ? absl::StrCat(c.field, ": shape ", ShapeString(shape), ", expected [", c.rows_name,
+                                         ", ", c.cols_name, "] = [", c.rows, ", ", c.cols, "]")
+                          : absl::StrCat(c.field, ": shape ", ShapeString(shape), ", expected [", c.rows_name,
+                                         "] = [", c.rows, "]"));
   }
   const int64_t elements = c.rows * (matrix ? c.cols : 1);
   const int64_t expected = elements * static_cast<int64_t>(sizeof(T));
@@ -302,7 +305,8 @@ std::optional<BatchError> Column(bool present, const v1::Tensor& t, const Column
       return std::nullopt;
     }
     return Invalid(c.field, absl::StrCat(c.field, ": missing; a ", DTypeName(c.dtype), " tensor ",
-                                         c.cols > 0 ? absl::StrCat("[count, ", c.cols_name, "]") : "[count]",
+                                         c.cols > 0 ? absl::StrCat("[", c.rows_name, ", ", c.cols_name, "]")
+                                                    : absl::StrCat("[", c.rows_name, "]"),
                                          " is required"));
   }
   return TakeColumn(t, c, out);
@@ -348,7 +352,8 @@ std::optional<BatchError> CheckNoColumns(const v1::TransitionBatch& b) {
                                                   {b.has_discounts(), "discounts"},
                                                   {b.has_done(), "done"},
                                                   {b.has_truncated(), "truncated"},
-                                                  {b.has_env_ids(), "env_ids"}};
+                                                  {b.has_env_ids(), "env_ids"},
+                                                  {b.has_final_obs(), "final_obs"}};
   for (const auto& [present, field] : columns) {
     if (present) {
       return Invalid(field,
@@ -421,6 +426,7 @@ std::optional<BatchError> ValidateBatch(const v1::TransitionBatch& batch, const 
     in.done.clear();
     in.truncated.clear();
     in.env_ids.clear();
+    in.final_obs.clear();
     return std::nullopt;
   }
   const int64_t dim = spec.obs_dim;
@@ -430,8 +436,9 @@ std::optional<BatchError> ValidateBatch(const v1::TransitionBatch& batch, const 
           Column(batch.has_obs(), batch.obs(), {"obs", T::DTYPE_FLOAT32, n, dim, "obs_dim"}, false, &c.obs)) {
     return e;
   }
+  // KIND_STEP may leave next_obs unset: the step-stream form (final_obs).
   if (auto e = Column(batch.has_next_obs(), batch.next_obs(),
-                      {"next_obs", T::DTYPE_FLOAT32, n, dim, "obs_dim"}, false, &c.next_obs)) {
+                      {"next_obs", T::DTYPE_FLOAT32, n, dim, "obs_dim"}, step, &c.next_obs)) {
     return e;
   }
   if (auto e = Column(batch.has_actions(), batch.actions(),
@@ -457,6 +464,24 @@ std::optional<BatchError> ValidateBatch(const v1::TransitionBatch& batch, const 
                         &in.env_ids)) {
       return e;
     }
+    if (batch.has_next_obs()) {
+      if (batch.has_final_obs()) {
+        return Invalid("final_obs",
+                       "final_obs: only in the step-stream form (next_obs unset); this batch has next_obs");
+      }
+      in.final_obs.clear();
+    } else {
+      // One row per episode end (a byte other than 0 or 1 is the flags' error, below).
+      int64_t ends = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        ends += static_cast<int64_t>(in.done[i] != 0 || (!in.truncated.empty() && in.truncated[i] != 0));
+      }
+      if (auto e = Column(batch.has_final_obs(), batch.final_obs(),
+                          {"final_obs", T::DTYPE_FLOAT32, ends, dim, "obs_dim", "ends"}, ends == 0,
+                          &in.final_obs)) {
+        return e;
+      }
+    }
   } else {
     if (auto e = Column(batch.has_discounts(), batch.discounts(), {"discounts", T::DTYPE_FLOAT32, n, 0, ""},
                         false, &c.discounts)) {
@@ -465,13 +490,18 @@ std::optional<BatchError> ValidateBatch(const v1::TransitionBatch& batch, const 
     if (batch.has_done()) return Invalid("done", "done: only allowed with KIND_STEP");
     if (batch.has_truncated()) return Invalid("truncated", "truncated: only allowed with KIND_STEP");
     if (batch.has_env_ids()) return Invalid("env_ids", "env_ids: only allowed with KIND_STEP");
+    if (batch.has_final_obs()) return Invalid("final_obs", "final_obs: only allowed with KIND_STEP");
     in.done.clear();
     in.truncated.clear();
     in.env_ids.clear();
+    in.final_obs.clear();
   }
 
   if (auto e = CheckFinite("obs", c.obs.data(), n * dim)) return e;
-  if (auto e = CheckFinite("next_obs", c.next_obs.data(), n * dim)) return e;
+  if (auto e = CheckFinite("next_obs", c.next_obs.data(), static_cast<int64_t>(c.next_obs.size()))) return e;
+  if (auto e = CheckFinite("final_obs", in.final_obs.data(), static_cast<int64_t>(in.final_obs.size()))) {
+    return e;
+  }
   if (auto e = CheckFinite("rewards", c.rewards.data(), n)) return e;
   const int32_t* actions = c.actions.data();
   for (int64_t i = 0; i < n; ++i) {

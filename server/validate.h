@@ -69,13 +69,17 @@ struct IncomingBatch {
   v1::TransitionBatch::Kind kind = v1::TransitionBatch::KIND_UNSPECIFIED;
   int64_t policy_version = 0;
   std::string stream_id;
-  // obs, next_obs, actions, rewards; discounts for KIND_NSTEP only.
+  // obs, next_obs, actions, rewards; discounts for KIND_NSTEP only; next_obs
+  // empty for a KIND_STEP batch in the step-stream form.
   TransitionColumns columns;
   // KIND_STEP only, one byte (0/1) per transition; truncated and env_ids are
   // empty when the batch left them unset (all false / all env 0).
   std::vector<uint8_t> done;
   std::vector<uint8_t> truncated;
   std::vector<uint32_t> env_ids;
+  // KIND_STEP in the step-stream form: ends x obs_dim, the final observation
+  // of each row with done or truncated, in row order.
+  std::vector<float> final_obs;
   // The batch's episode reports and env label (counted once the batch
   // commits; see IngestOutcome::episodes).
   EpisodeReports episodes;
@@ -97,8 +101,10 @@ struct IncomingBatch {
 // is not in [1, 1000000000]"), then every column's tensor:
 // present when required, absent when the kind forbids it, its dtype, its
 // shape (obs, next_obs: [count, obs_dim]; actions: [count, branches];
-// rewards, discounts, done, truncated, env_ids: [count]) and its byte length
-// (product of the shape x the dtype's size); then values (obs, next_obs,
+// rewards, discounts, done, truncated, env_ids: [count]; final_obs: [ends,
+// obs_dim], ends = rows with done or truncated, KIND_STEP without next_obs
+// only, may be unset when ends = 0) and its byte length (product of the
+// shape x the dtype's size); then values (obs, next_obs, final_obs,
 // rewards finite; actions in range of their branch; discounts finite and in
 // [0, 1]; flags 0 or 1; never done[i] and truncated[i] both true). (The
 // number of env_ids per session is the ingest

@@ -43,7 +43,20 @@ struct Writer::Columns {
     }
     b.set_policy_version(policy_version);
     wire::SetTensor(b.mutable_obs(), obs.data(), n * o.obs_dim, {n, o.obs_dim});
-    wire::SetTensor(b.mutable_next_obs(), next_obs.data(), n * o.obs_dim, {n, o.obs_dim});
+    if (full_form || !o.step_stream) {
+      wire::SetTensor(b.mutable_next_obs(), next_obs.data(), n * o.obs_dim, {n, o.obs_dim});
+    } else {
+      // The step-stream form: no next_obs, the final obs of the rows that end.
+      std::vector<float> final_obs;
+      for (int64_t i = 0; i < n; ++i) {
+        if (done[i] != 0 || truncated[i] != 0) {
+          final_obs.insert(final_obs.end(), next_obs.begin() + i * o.obs_dim,
+                           next_obs.begin() + (i + 1) * o.obs_dim);
+        }
+      }
+      const auto ends = static_cast<int64_t>(final_obs.size()) / o.obs_dim;
+      if (ends > 0) wire::SetTensor(b.mutable_final_obs(), final_obs, {ends, o.obs_dim});
+    }
     wire::SetTensor(b.mutable_actions(), actions.data(), n * o.num_branches, {n, o.num_branches});
     wire::SetTensor(b.mutable_rewards(), rewards.data(), n, {n});
     wire::SetTensor(b.mutable_done(), done.data(), n, {n});
@@ -54,6 +67,7 @@ struct Writer::Columns {
 
   void Clear() {
     count = 0;
+    full_form = false;
     any_truncated = false;
     policy_version = std::numeric_limits<int64_t>::max();
     episodes.clear();
@@ -69,6 +83,10 @@ struct Writer::Columns {
   std::vector<uint8_t> truncated;
   std::vector<uint32_t> env_ids;
   int count = 0;
+  // Sent with next_obs for every row (Flush, Close): the newest step of each
+  // env then has its next state and leaves the daemon's window at the
+  // stream's close. Else the step-stream form.
+  bool full_form = false;
   bool any_truncated = false;  // an all-false truncated column is left unset
   int64_t policy_version = std::numeric_limits<int64_t>::max();  // oldest of the rows
   absl::Time first_append;                                       // of row 0
@@ -239,6 +257,7 @@ absl::Status Writer::AppendRows(const VectorStep& rows, int count, uint32_t firs
       c.done[at + i] = terminated ? 1 : 0;
       c.truncated[at + i] = truncated ? 1 : 0;
       c.any_truncated = c.any_truncated || truncated;
+
       c.env_ids[at + i] = first_env + static_cast<uint32_t>(row + i);
     }
     c.policy_version = std::min(c.policy_version, policy_version_);
@@ -291,7 +310,10 @@ absl::StatusOr<int64_t> Writer::Flush() {
     };
     mu_.Await(absl::Condition(&can_hand_over));
     if (!error_.ok()) return error_;
-    if (!filling_->empty()) HandOverLocked();
+    if (!filling_->empty()) {
+      filling_->full_form = true;
+      HandOverLocked();
+    }
     auto spare_free = [this]()
                           ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spare_ != nullptr || !error_.ok(); };
     // The spare is back once the sender handed the last batch to the stream.

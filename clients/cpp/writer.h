@@ -1,7 +1,12 @@
 // Writer: buffers environment steps into the columns of a TransitionBatch and
 // sends them on an ExperienceStream. Batches are KIND_STEP with one env_id per
 // environment, so the daemon assembles n-step returns per environment (and
-// flushes a window at an episode end).
+// flushes a window at an episode end). A batch sent by size or time is in
+// the step-stream form (unless options.step_stream is false): a step's next state is its env's next obs,
+// which the daemon takes from that env's next row, so only the rows that end an episode send theirs
+// (final_obs), half the bytes. The batch Flush or Close sends carries next_obs for every row (the full form),
+// so the newest step of each env in it is complete when the stream closes (an env whose newest step went out
+// earlier by size or time has it dropped at the close: it waits for a next obs that never comes).
 //
 // A batch goes out when it holds flush_transitions transitions, when its
 // oldest transition has waited flush_after (checked on Append and by the
@@ -52,6 +57,10 @@ struct WriterOptions {
   int flush_transitions = 512;
   // ... or once its oldest transition has waited this long.
   absl::Duration flush_after = absl::Milliseconds(20);
+  // Batches sent by size or time in the step-stream form (next_obs only of
+  // the rows that end an episode, as final_obs: half the bytes); false: every
+  // batch in the full form (next_obs for every row).
+  bool step_stream = true;
   // When every buffer is taken: true, Append waits for the daemon; false,
   // Append returns ResourceExhausted without appending.
   bool block = true;
@@ -68,7 +77,9 @@ struct VectorStep {
   std::span<const float> rewards;       // num_envs
   std::span<const uint8_t> terminated;  // num_envs, 0 or 1
   std::span<const uint8_t> truncated;   // num_envs, 0 or 1; empty: none
-  // num_envs x obs_dim: the state each step reached, before any reset.
+  // num_envs x obs_dim: the state each step reached, before any reset. For a
+  // step that does not end its episode it must be the env's next obs (the
+  // step-stream form sends only the final obs of the steps that end).
   std::span<const float> next_obs;
 };
 

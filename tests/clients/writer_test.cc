@@ -105,8 +105,10 @@ TEST_F(WriterTest, SendsAFullBatchAsSoonAsItHoldsFlushTransitions) {
   for (int t = 0; t < 40; ++t) ASSERT_TRUE(Step(*w, 0, t).ok());
   ASSERT_TRUE(Eventually([&] { return stream_->totals().acked_batches == 2; }));
   EXPECT_EQ(stream_->totals().sent_transitions, 32);  // the last 8 wait for more
-  EXPECT_EQ(daemon_->counters().transitions(), 32);
+  // Step-stream batches: step 31's next state is step 32's obs, not sent yet.
+  EXPECT_EQ(daemon_->counters().transitions(), 31);
 
+  // Flush sends the rest in the full form: every step is complete.
   auto flushed = w->Flush();
   ASSERT_TRUE(flushed.ok()) << flushed.status();
   EXPECT_EQ(*flushed, 40);
@@ -127,7 +129,8 @@ TEST_F(WriterTest, SendsAPartialBatchOnceItsOldestTransitionIsFlushAfterOld) {
   // No further Append or Flush: the writer's own thread sends it.
   ASSERT_TRUE(Eventually([&] { return stream_->totals().sent_batches == 1; }));
   EXPECT_GE(absl::Now() - appended, o.flush_after);
-  ASSERT_TRUE(Eventually([&] { return daemon_->counters().transitions() == 3; }));
+  // Sent by time, in the step-stream form: step 2 waits for step 3's obs.
+  ASSERT_TRUE(Eventually([&] { return daemon_->counters().transitions() == 2; }));
   EXPECT_EQ(stream_->totals().sent_transitions, 3);
 
   // The next batch's clock starts at its own first row.
@@ -136,9 +139,11 @@ TEST_F(WriterTest, SendsAPartialBatchOnceItsOldestTransitionIsFlushAfterOld) {
   ASSERT_TRUE(Eventually([&] { return stream_->totals().sent_batches == 2; }));
   EXPECT_GE(absl::Now() - second, o.flush_after);
   EXPECT_EQ(stream_->totals().sent_transitions, 5);
+  // Nothing is left for Flush to send: step 4 waits in the daemon for a
+  // next obs (at the stream's close it has none and is dropped).
   auto flushed = w->Flush();
   ASSERT_TRUE(flushed.ok());
-  EXPECT_EQ(*flushed, 5);
+  EXPECT_EQ(*flushed, 4);
   EXPECT_EQ(stream_->totals().sent_batches, 2);
 }
 
@@ -161,8 +166,12 @@ TEST_F(WriterTest, CloseSendsWhatIsBufferedAndRefusesLaterAppends) {
 
 // n = 3 per env, assembled by the daemon: env 0 ends its episode at its 5th
 // step (all 5 leave), env 1 is truncated at its 2nd and then steps twice (2
-// leave, 2 wait), env 2 steps 4 times (2 leave, 2 wait). Both flags on one
-// step count as terminated, which the daemon accepts.
+// leave, 2 wait), env 2 steps 4 times. Both flags on one step count as
+// terminated, which the daemon accepts. The first 12 rows go out by size in
+// the step-stream form, so env 2's 4th step completes only its 1st (1 leaves,
+// 3 wait); env 0's last row goes out with Flush in the full form. At the
+// close, env 1's and env 2's newest steps have no next state: they are
+// dropped, the steps before them leave (1 + 2).
 TEST_F(WriterTest, FlushReturnsExactlyWhatThePerEnvNStepWindowsReleased) {
   StartDaemon(SmallConfig(3));
   OpenStream();
@@ -181,15 +190,15 @@ TEST_F(WriterTest, FlushReturnsExactlyWhatThePerEnvNStepWindowsReleased) {
   }
   auto flushed = w->Flush();
   ASSERT_TRUE(flushed.ok()) << flushed.status();
-  EXPECT_EQ(*flushed, 5 + 2 + 2);
+  EXPECT_EQ(*flushed, 5 + 2 + 1);
   EXPECT_EQ(stream_->totals().sent_transitions, 13);
   auto again = w->Flush();
   ASSERT_TRUE(again.ok());
-  EXPECT_EQ(*again, 9);  // a count since the writer was created
+  EXPECT_EQ(*again, 8);  // a count since the writer was created
   ASSERT_TRUE(w->Close().ok());
-  // The clean half-close releases the 4 steps still in windows.
+  // The clean half-close releases the 3 steps in windows that have a next state.
   ASSERT_TRUE(stream_->Close().ok());
-  EXPECT_EQ(daemon_->counters().transitions(), 13);
+  EXPECT_EQ(daemon_->counters().transitions(), 8 + 3);
 }
 
 // The rate limiter holds inserts once 40 transitions are in while the
@@ -213,6 +222,7 @@ TEST_F(WriterTest, AppendBlocksWhileTheDaemonDoesNotAcknowledge) {
   WriterOptions o;
   o.flush_transitions = kStallFlush;
   o.flush_after = kNever;
+  o.step_stream = false;  // every sent step is inserted at once: acked = sent
   auto w = MakeWriter(o);
   ASSERT_NE(w, nullptr);
   constexpr int kSteps = 200;
@@ -254,6 +264,7 @@ TEST_F(WriterTest, NonBlockingAppendReturnsResourceExhaustedAndAppendsNothing) {
   o.flush_transitions = kStallFlush;
   o.flush_after = kNever;
   o.block = false;
+  o.step_stream = false;  // every sent step is inserted at once: acked = sent
   auto w = MakeWriter(o);
   ASSERT_NE(w, nullptr);
   // Appends until refused for 300 ms on end (a refusal can also be momentary,
@@ -362,7 +373,7 @@ TEST_F(WriterTest, EpisodeReportsReachTheDaemonWithTheNextBatchOrAlone) {
   ASSERT_TRUE(w->ReportEpisode(10, 10).ok());
   auto flushed = w->Flush();
   ASSERT_TRUE(flushed.ok()) << flushed.status();
-  EXPECT_EQ(*flushed, 4);
+  EXPECT_EQ(*flushed, 3);  // the 4th step (step-stream form) waits for its next obs
   EXPECT_EQ(stream_->totals().sent_batches, 2);
   episodes = daemon_->counters().episodes();
   EXPECT_DOUBLE_EQ(episodes.at("CartPole-v1").return_sum, 11.5);
@@ -441,7 +452,7 @@ TEST(WriterWireTest, VectorStepsBecomeTensorColumnsRowPerEnvWithEachEnvsNextObs)
   ASSERT_TRUE(w.ok());
   // Env e at step t observes (10e + t, -(10e + t)); next_obs is what its
   // step reached (env 0 ends its episode at step 0: its next_obs is the
-  // terminal state, not the reset one).
+  // terminal state, not the reset one). Only the rows that end send it.
   auto obs_of = [](int e, int t) { return std::vector<float>{10.0f * e + t, -(10.0f * e + t)}; };
   for (int t = 0; t < 2; ++t) {
     std::vector<float> obs;
@@ -483,8 +494,11 @@ TEST(WriterWireTest, VectorStepsBecomeTensorColumnsRowPerEnvWithEachEnvsNextObs)
 
   // Rows: (env 0, t 0), (1, 0), (2, 0), (0, 1) | (1, 1), (2, 1).
   EXPECT_EQ(wire::Values<float>(b.obs()), (std::vector<float>{0, 0, 10, -10, 20, -20, 1, -1}));
-  EXPECT_EQ(wire::Values<float>(b.next_obs()),
-            (std::vector<float>{1.5f, -0.5f, 11.5f, -10.5f, 21.5f, -20.5f, 2.5f, -1.5f}));
+  // The step-stream form: next_obs only of the rows that end, as final_obs.
+  EXPECT_FALSE(b.has_next_obs());
+  EXPECT_EQ(std::vector<int64_t>(b.final_obs().shape().begin(), b.final_obs().shape().end()),
+            (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(wire::Values<float>(b.final_obs()), (std::vector<float>{1.5f, -0.5f, 2.5f, -1.5f}));
   EXPECT_EQ(wire::Values<int32_t>(b.actions()), (std::vector<int32_t>{0, 1, 2, 0, 0, 1, 1, 1}));
   EXPECT_EQ(wire::Values<float>(b.rewards()), (std::vector<float>{1, 2, 3, 2}));
   EXPECT_EQ(wire::Values<uint32_t>(b.env_ids()), (std::vector<uint32_t>{0, 1, 2, 0}));
@@ -495,6 +509,8 @@ TEST(WriterWireTest, VectorStepsBecomeTensorColumnsRowPerEnvWithEachEnvsNextObs)
   const v1::TransitionBatch& c = got[1];
   ASSERT_EQ(c.count(), 2u);
   EXPECT_EQ(wire::Values<float>(c.obs()), (std::vector<float>{11, -11, 21, -21}));
+  // Flush sent it: the full form, next_obs of every row.
+  EXPECT_FALSE(c.has_final_obs());
   EXPECT_EQ(wire::Values<float>(c.next_obs()), (std::vector<float>{12.5f, -11.5f, 22.5f, -21.5f}));
   EXPECT_EQ(wire::Values<uint32_t>(c.env_ids()), (std::vector<uint32_t>{1, 2}));
   EXPECT_EQ(wire::Values<uint8_t>(c.done()), (std::vector<uint8_t>{0, 1}));

@@ -1,6 +1,10 @@
 #include "server/nstep.h"
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
+#include <random>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -364,6 +368,253 @@ TEST(NStepAssemblerTest, SaveLoadRoundTripContinuesTheWindows) {
   saved[0].add_rewards(1);
   saved[0].add_rewards(1);
   EXPECT_FALSE(b.Load(saved).ok());
+}
+
+// ---- The step-stream form (next_obs unset, final_obs at episode ends) ----
+
+// A step of a random trajectory: obs_dim 3 of random values (distinct per
+// step), one branch of 4 actions.
+struct Step {
+  uint32_t env = 0;
+  std::vector<float> obs;
+  int action = 0;
+  float reward = 0;
+  bool done = false;
+  bool truncated = false;
+  std::vector<float> next_obs;  // the state it led to (the final obs at an end)
+};
+
+NetworkSpec Spec3() {
+  v1::NetworkConfig net = DefaultConfig().network();
+  net.set_obs_dim(3);
+  net.clear_branch_actions();
+  net.add_branch_actions(4);
+  return *NetworkSpec::Create(net);
+}
+
+// Rows [begin, end) of `rows` as one KIND_STEP batch, in the full form or the
+// step-stream form.
+IncomingBatch Rows(const std::vector<Step>& rows, size_t begin, size_t end, bool stream_form) {
+  IncomingBatch b;
+  b.kind = v1::TransitionBatch::KIND_STEP;
+  b.columns.n = static_cast<int64_t>(end - begin);
+  b.columns.obs_dim = 3;
+  b.columns.num_branches = 1;
+  for (size_t i = begin; i < end; ++i) {
+    const Step& s = rows[i];
+    b.columns.obs.insert(b.columns.obs.end(), s.obs.begin(), s.obs.end());
+    if (!stream_form) {
+      b.columns.next_obs.insert(b.columns.next_obs.end(), s.next_obs.begin(), s.next_obs.end());
+    } else if (s.done || s.truncated) {
+      b.final_obs.insert(b.final_obs.end(), s.next_obs.begin(), s.next_obs.end());
+    }
+    b.columns.actions.push_back(s.action);
+    b.columns.rewards.push_back(s.reward);
+    b.done.push_back(s.done ? 1 : 0);
+    b.truncated.push_back(s.truncated ? 1 : 0);
+    b.env_ids.push_back(s.env);
+  }
+  return b;
+}
+
+using FullItem = std::tuple<std::vector<float>, int, double, double, std::vector<float>>;
+
+std::vector<FullItem> FullItems(const TransitionColumns& c) {
+  std::vector<FullItem> items;
+  for (int64_t i = 0; i < c.n; ++i) {
+    items.emplace_back(std::vector<float>(c.obs.begin() + 3 * i, c.obs.begin() + 3 * i + 3), c.actions[i],
+                       c.rewards[i], c.discounts[i],
+                       std::vector<float>(c.next_obs.begin() + 3 * i, c.next_obs.begin() + 3 * i + 3));
+  }
+  std::sort(items.begin(), items.end());
+  return items;
+}
+
+// The n-step items of every step of `rows` (each env's steps in order), in
+// double precision from the definition: K = min(n, steps left in the episode
+// or in the data), bootstrapping from the next_obs of the K-th step.
+std::vector<FullItem> Reference(const std::vector<Step>& rows, int n, double gamma) {
+  std::vector<FullItem> items;
+  std::vector<std::vector<const Step*>> by_env;
+  for (const Step& s : rows) {
+    if (by_env.size() <= s.env) by_env.resize(s.env + 1);
+    by_env[s.env].push_back(&s);
+  }
+  for (const auto& steps : by_env) {
+    for (size_t t = 0; t < steps.size(); ++t) {
+      double ret = 0;
+      double discount = 1;
+      size_t last = t;
+      for (size_t k = t; k < steps.size() && k < t + static_cast<size_t>(n); ++k) {
+        ret += discount * steps[k]->reward;
+        discount *= gamma;
+        last = k;
+        if (steps[k]->done || steps[k]->truncated) break;
+      }
+      items.emplace_back(steps[t]->obs, steps[t]->action, ret, steps[last]->done ? 0.0 : discount,
+                         steps[last]->next_obs);
+    }
+  }
+  std::sort(items.begin(), items.end());
+  return items;
+}
+
+void ExpectSameItems(const std::vector<FullItem>& got, const std::vector<FullItem>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const auto& [obs, action, ret, discount, next] = got[i];
+    const auto& [wobs, waction, wret, wdiscount, wnext] = want[i];
+    EXPECT_EQ(obs, wobs) << "item " << i;
+    EXPECT_EQ(action, waction) << "item " << i;
+    EXPECT_NEAR(ret, wret, 1e-5 * (1 + std::abs(wret))) << "item " << i;
+    EXPECT_NEAR(discount, wdiscount, 1e-6) << "item " << i;
+    EXPECT_EQ(next, wnext) << "item " << i;
+  }
+}
+
+// Random envs, each a run of episodes (the next state of a step that does
+// not end its episode is the next step's obs); rows of all envs interleaved
+// in a random order that keeps each env's steps in order. Every env's last
+// step ends its episode when `all_end`.
+std::vector<Step> RandomRows(std::mt19937& rng, int envs, bool all_end) {
+  std::uniform_real_distribution<float> value(-10.0f, 10.0f);
+  std::uniform_int_distribution<int> length(1, 30);
+  std::bernoulli_distribution ends(0.12);
+  std::bernoulli_distribution coin(0.5);
+  std::vector<std::vector<Step>> per_env(envs);
+  auto random_obs = [&] { return std::vector<float>{value(rng), value(rng), value(rng)}; };
+  for (int e = 0; e < envs; ++e) {
+    const int steps = length(rng);
+    std::vector<float> obs = random_obs();
+    for (int t = 0; t < steps; ++t) {
+      Step s;
+      s.env = static_cast<uint32_t>(e);
+      s.obs = obs;
+      s.action = static_cast<int>(rng() % 4);
+      s.reward = value(rng);
+      const bool end = ends(rng) || (all_end && t + 1 == steps);
+      s.done = end && coin(rng);
+      s.truncated = end && !s.done;
+      s.next_obs = random_obs();
+      // After an end the env resets: the next episode starts from a fresh obs.
+      obs = end ? random_obs() : s.next_obs;
+      per_env[e].push_back(std::move(s));
+    }
+  }
+  std::vector<Step> rows;
+  std::vector<size_t> next(envs, 0);
+  while (true) {
+    std::vector<int> open;
+    for (int e = 0; e < envs; ++e) {
+      if (next[e] < per_env[e].size()) open.push_back(e);
+    }
+    if (open.empty()) break;
+    const int e = open[rng() % open.size()];
+    rows.push_back(per_env[e][next[e]++]);
+  }
+  return rows;
+}
+
+TEST(NStepStepStreamTest, BothFormsInAnyMixGiveTheReferenceItems) {
+  std::mt19937 rng(std::random_device{}());
+  for (int trial = 0; trial < 40; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 5);
+    const float gamma = std::uniform_real_distribution<float>(0.5f, 1.0f)(rng);
+    const std::vector<Step> rows = RandomRows(rng, 1 + static_cast<int>(rng() % 6), /*all_end=*/true);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << ", n " << n << ", gamma " << gamma << ", "
+                                      << rows.size() << " rows");
+    const std::vector<FullItem> want = Reference(rows, n, gamma);
+    // 0: every batch full form; 1: every batch step-stream; 2: a coin per batch.
+    for (int mix = 0; mix < 3; ++mix) {
+      Assembler a(Spec3(), n, gamma, 16);
+      TransitionColumns out = EmptyColumns(Spec3());
+      for (size_t begin = 0; begin < rows.size();) {
+        const size_t end = std::min(rows.size(), begin + 1 + rng() % 9);
+        const bool stream_form = mix == 1 || (mix == 2 && rng() % 2 == 0);
+        ASSERT_FALSE(a.Add(Rows(rows, begin, end, stream_form), &out).has_value());
+        begin = end;
+      }
+      EXPECT_EQ(a.pending(), 0) << "mix " << mix;
+      ExpectSameItems(FullItems(out), want);
+    }
+  }
+}
+
+TEST(NStepStepStreamTest, AFlushDropsOnlyTheNewestStepOfAnAwaitingWindow) {
+  std::mt19937 rng(std::random_device{}());
+  for (int trial = 0; trial < 20; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 5);
+    const float gamma = std::uniform_real_distribution<float>(0.5f, 1.0f)(rng);
+    std::vector<Step> rows = RandomRows(rng, 1 + static_cast<int>(rng() % 4), /*all_end=*/false);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << ", n " << n);
+    Assembler a(Spec3(), n, gamma, 16);
+    TransitionColumns out = EmptyColumns(Spec3());
+    ASSERT_FALSE(a.Add(Rows(rows, 0, rows.size(), /*stream_form=*/true), &out).has_value());
+    a.assembler().Flush(a.windows(), &out);
+    // The reference: each env's open episode ends (truncated) at its
+    // second-newest step, bootstrapping from the newest step's obs, and the
+    // newest step (whose next state never came) has no item.
+    std::vector<bool> last_seen(8, false);
+    std::vector<Step> expected;
+    for (size_t i = rows.size(); i-- > 0;) {
+      Step s = rows[i];
+      if (!last_seen[s.env]) {
+        last_seen[s.env] = true;
+        if (!s.done && !s.truncated) continue;  // the dropped newest step
+      }
+      expected.push_back(std::move(s));
+    }
+    std::reverse(expected.begin(), expected.end());
+    std::vector<bool> cut(8, false);
+    for (size_t i = expected.size(); i-- > 0;) {
+      Step& s = expected[i];
+      if (cut[s.env]) continue;
+      cut[s.env] = true;
+      if (s.done || s.truncated) continue;  // its episode had ended: nothing was open
+      s.truncated = true;                   // next_obs is already the dropped step's obs
+    }
+    ExpectSameItems(FullItems(out), Reference(expected, n, gamma));
+  }
+}
+
+TEST(NStepStepStreamTest, AnAwaitingWindowSurvivesACheckpoint) {
+  Assembler a(Spec(), 3, 0.5f, 16);
+  TransitionColumns out = EmptyColumns(Spec());
+  IncomingBatch stream = Batch({{0, 0, 1}, {0, 1, 2}, {0, 2, 3}});
+  stream.columns.next_obs.clear();  // the step-stream form: no row ends, no final_obs
+  ASSERT_FALSE(a.Add(stream, &out).has_value());
+  EXPECT_EQ(out.n, 0);  // three steps wait: the third's next state is not known
+  EXPECT_EQ(a.pending(), 3);
+  google::protobuf::RepeatedPtrField<v1::NStepWindowState> saved;
+  a.assembler().Save(a.windows(), &saved);
+  ASSERT_EQ(saved.size(), 1);
+  EXPECT_TRUE(saved[0].awaiting_next_obs());
+  EXPECT_EQ(saved[0].last_next_obs_size(), 0);
+  EXPECT_EQ(saved[0].rewards_size(), 3);
+  Assembler b(Spec(), 3, 0.5f, 16);
+  ASSERT_TRUE(b.Load(saved).ok());
+  // The next row (full form, the obs 3 that follows s_2) completes item 0.
+  TransitionColumns next = EmptyColumns(Spec());
+  ASSERT_FALSE(b.Add(Batch({{0, 3, 4}}), &next).has_value());
+  ASSERT_EQ(next.n, 2);
+  const auto items = Items(next);
+  ExpectItem(items[0], 0, 1 + 0.5f * 2 + 0.25f * 3, 0.125f, 3);
+  ExpectItem(items[1], 1, 2 + 0.5f * 3 + 0.25f * 4, 0.125f, 4);
+  // An awaiting window with a bootstrap state, or with more than n steps, does not load.
+  auto with_next = saved;
+  with_next[0].add_last_next_obs(7);
+  const absl::Status st = b.Load(with_next);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("last_next_obs: 1 values, expected 0 (awaiting_next_obs)"), std::string::npos)
+      << st;
+  auto too_long = saved;
+  too_long[0].add_rewards(1);
+  too_long[0].add_obs(9);
+  too_long[0].add_actions(1);
+  EXPECT_NE(
+      b.Load(too_long).message().find("4 steps; returns.n_step = 3 holds at most 3 (awaiting_next_obs)"),
+      std::string::npos)
+      << b.Load(too_long);
 }
 
 }  // namespace

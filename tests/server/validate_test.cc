@@ -133,9 +133,9 @@ TEST(ValidateBatchTest, DoneAndTruncatedTogether) {
 
 TEST(ValidateBatchTest, FieldNamesCoverEveryError) {
   const auto& names = BatchFieldNames();
-  for (const char* field :
-       {"kind", "stream_id", "count", "obs", "next_obs", "actions", "rewards", "discounts", "done",
-        "truncated", "env_ids", "env", "episodes", "policy_version", "queued_bytes", "message"}) {
+  for (const char* field : {"kind", "stream_id", "count", "obs", "next_obs", "actions", "rewards",
+                            "discounts", "done", "truncated", "env_ids", "env", "episodes", "policy_version",
+                            "queued_bytes", "message", "final_obs"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), field), names.end()) << field;
   }
 }
@@ -476,6 +476,76 @@ TEST(ValidateBatchTest, CountZeroCarriesEpisodeReportsAlone) {
   b.clear_done();
   b.mutable_episodes(0)->set_length(0);
   ExpectError(b, "episodes", "episodes[0].length: 0 is not in [1, 1000000000]");
+}
+
+// The step-stream form: KIND_STEP without next_obs, final_obs [ends, obs_dim]
+// for the rows with done or truncated, in row order.
+v1::TransitionBatch StepStream(int n, const std::vector<bool>& done, const std::vector<bool>& truncated) {
+  v1::TransitionBatch b = Step(n);
+  b.clear_next_obs();
+  wire::SetBoolTensor(b.mutable_done(), done);
+  wire::SetBoolTensor(b.mutable_truncated(), truncated);
+  return b;
+}
+
+TEST(ValidateBatchTest, StepStreamFormTakesFinalObsOfTheRowsThatEnd) {
+  v1::TransitionBatch b = StepStream(4, {false, true, false, false}, {false, false, false, true});
+  wire::SetTensor(b.mutable_final_obs(), std::vector<float>{1, 2, 3, 4}, {2, 2});
+  IncomingBatch in;
+  ASSERT_FALSE(ValidateBatch(b, Spec(), Server(), &in).has_value());
+  EXPECT_TRUE(in.columns.next_obs.empty());
+  EXPECT_EQ(in.final_obs, (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(in.columns.obs.size(), 8u);
+  // No row ends: final_obs may be unset, or empty of shape [0, obs_dim].
+  v1::TransitionBatch c = StepStream(3, {false, false, false}, {false, false, false});
+  ASSERT_FALSE(ValidateBatch(c, Spec(), Server(), &in).has_value());
+  EXPECT_TRUE(in.final_obs.empty());
+  wire::SetTensor(c.mutable_final_obs(), std::vector<float>{}, {0, 2});
+  EXPECT_FALSE(ValidateBatch(c, Spec(), Server()).has_value());
+  // A full-form batch after a step-stream one into the same IncomingBatch leaves no final_obs behind.
+  ASSERT_FALSE(ValidateBatch(b, Spec(), Server(), &in).has_value());
+  ASSERT_FALSE(ValidateBatch(Step(2), Spec(), Server(), &in).has_value());
+  EXPECT_TRUE(in.final_obs.empty());
+  EXPECT_EQ(in.columns.next_obs.size(), 4u);
+}
+
+TEST(ValidateBatchTest, StepStreamFinalObsErrorsNameTheField) {
+  const v1::TransitionBatch ends = StepStream(3, {true, false, false}, {false, false, true});
+  ExpectError(ends, "final_obs", "final_obs: missing; a DTYPE_FLOAT32 tensor [ends, obs_dim] is required");
+  v1::TransitionBatch rows = ends;
+  wire::SetTensor(rows.mutable_final_obs(), std::vector<float>{1, 2}, {1, 2});
+  ExpectError(rows, "final_obs", "final_obs: shape [1, 2], expected [ends, obs_dim] = [2, 2]");
+  v1::TransitionBatch width = ends;
+  wire::SetTensor(width.mutable_final_obs(), std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+  ExpectError(width, "final_obs", "final_obs: shape [2, 3], expected [ends, obs_dim] = [2, 2]");
+  v1::TransitionBatch dtype = ends;
+  wire::SetTensor(dtype.mutable_final_obs(), std::vector<int32_t>{1, 2, 3, 4}, {2, 2});
+  ExpectError(dtype, "final_obs", "final_obs: dtype DTYPE_INT32, expected DTYPE_FLOAT32");
+  v1::TransitionBatch cut = ends;
+  wire::SetTensor(cut.mutable_final_obs(), std::vector<float>{1, 2, 3, 4}, {2, 2});
+  cut.mutable_final_obs()->mutable_data()->resize(15);
+  ExpectError(cut, "final_obs",
+              "final_obs: data holds 15 bytes, shape [2, 2] of DTYPE_FLOAT32 needs 16 (truncated)");
+  v1::TransitionBatch nan = ends;
+  wire::SetTensor(nan.mutable_final_obs(), std::vector<float>{1, 2, kInf, 4}, {2, 2});
+  ExpectError(nan, "final_obs", "final_obs[2]: inf is not finite");
+  // Not with next_obs (the full form), not with KIND_NSTEP, not in a batch of count 0.
+  v1::TransitionBatch full = Step(2);
+  wire::SetTensor(full.mutable_final_obs(), std::vector<float>{}, {0, 2});
+  ExpectError(full, "final_obs",
+              "final_obs: only in the step-stream form (next_obs unset); this batch has next_obs");
+  v1::TransitionBatch nstep = NStep(2);
+  wire::SetTensor(nstep.mutable_final_obs(), std::vector<float>{}, {0, 2});
+  ExpectError(nstep, "final_obs", "final_obs: only allowed with KIND_STEP");
+  v1::TransitionBatch reports;
+  reports.set_kind(v1::TransitionBatch::KIND_STEP);
+  *reports.add_episodes() = Episode(1, 1);
+  wire::SetTensor(reports.mutable_final_obs(), std::vector<float>{}, {0, 2});
+  ExpectError(reports, "final_obs", "final_obs: must be unset in a batch of count 0 (episode reports only)");
+  // KIND_NSTEP still needs next_obs.
+  v1::TransitionBatch no_next = NStep(2);
+  no_next.clear_next_obs();
+  ExpectError(no_next, "next_obs", "next_obs: missing; a DTYPE_FLOAT32 tensor [count, obs_dim] is required");
 }
 
 // The wire bytes of `b` with a string field `number` (length-delimited) of

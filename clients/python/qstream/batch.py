@@ -6,7 +6,8 @@ per-element Python work). Shapes: obs/next_obs FLOAT32 [count, obs_dim],
 actions INT32 [count, num_branches], rewards/discounts FLOAT32 [count],
 done/truncated BOOL [count], env_ids UINT32 [count].
 
-StepColumns encodes the same KIND_STEP columns straight to wire bytes for
+StepColumns encodes KIND_STEP columns in the step-stream form (next_obs
+only at episode ends, as final_obs) straight to wire bytes for
 qstream.Writer: protobuf lets a message's fields be concatenated, so a
 batch is its scalar fields (SerializeToString of a small TransitionBatch)
 followed by each Tensor field, a cached few-byte prefix and the column's
@@ -154,17 +155,20 @@ def tensor_field_prefix(field: str, dtype, shape: tuple) -> bytes:
 
 
 class StepColumns:
-    """Wire bytes of the Tensor fields of a KIND_STEP batch (obs, next_obs,
-    actions, rewards, done, truncated, env_ids) from C-contiguous arrays of
-    the wire dtypes; the prefixes are cached per count."""
+    """Wire bytes of the Tensor fields of a KIND_STEP batch (obs, actions,
+    rewards, done, truncated, env_ids, and final_obs for the rows that end an
+    episode in the step-stream form, or next_obs for every row in the full
+    form) from C-contiguous arrays of the wire dtypes; the prefixes are
+    cached per count."""
 
-    _COLUMNS = (("obs", F32, True), ("next_obs", F32, True), ("actions", I32, True), ("rewards", F32, False),
-                ("done", BOOL, False), ("truncated", BOOL, False), ("env_ids", U32, False))
+    _COLUMNS = (("obs", F32, True), ("actions", I32, True), ("rewards", F32, False), ("done", BOOL, False),
+                ("truncated", BOOL, False), ("env_ids", U32, False))
     _CACHED_COUNTS = 64
 
     def __init__(self, obs_dim: int, num_branches: int):
-        self._width = {"obs": obs_dim, "next_obs": obs_dim, "actions": num_branches}
+        self._width = {"obs": obs_dim, "next_obs": obs_dim, "final_obs": obs_dim, "actions": num_branches}
         self._prefixes: dict[int, list[bytes]] = {}
+        self._matrix_prefixes: dict[tuple[str, int], bytes] = {}
 
     def _prefixes_for(self, n: int) -> list[bytes]:
         p = self._prefixes.get(n)
@@ -176,7 +180,24 @@ class StepColumns:
             self._prefixes[n] = p
         return p
 
-    def encode(self, obs, next_obs, actions, rewards, done, truncated, env_ids) -> list:
-        """The fields as a list of buffers to join after the scalar fields."""
-        p = self._prefixes_for(obs.shape[0])
-        return [p[0], obs, p[1], next_obs, p[2], actions, p[3], rewards, p[4], done, p[5], truncated, p[6], env_ids]
+    def _matrix_prefix_for(self, field: str, rows: int) -> bytes:
+        p = self._matrix_prefixes.get((field, rows))
+        if p is None:
+            if len(self._matrix_prefixes) >= 2 * self._CACHED_COUNTS:
+                self._matrix_prefixes.clear()
+            p = tensor_field_prefix(field, F32, (rows, self._width[field]))
+            self._matrix_prefixes[(field, rows)] = p
+        return p
+
+    def encode(self, obs, actions, rewards, done, truncated, env_ids, final_obs=None, next_obs=None) -> list:
+        """The fields as a list of buffers to join after the scalar fields:
+        the step-stream form with final_obs (ends, obs_dim) (left out when
+        ends is 0), or the full form when next_obs (count, obs_dim) is given."""
+        n = obs.shape[0]
+        p = self._prefixes_for(n)
+        out = [p[0], obs, p[1], actions, p[2], rewards, p[3], done, p[4], truncated, p[5], env_ids]
+        if next_obs is not None:
+            out += [self._matrix_prefix_for("next_obs", n), next_obs]
+        elif final_obs is not None and final_obs.shape[0]:
+            out += [self._matrix_prefix_for("final_obs", final_obs.shape[0]), final_obs]
+        return out

@@ -97,10 +97,6 @@ class SpreadWriter(Writer):
     def pending_episodes(self) -> int:
         return sum(lane.pending_episodes for lane in self._lanes)
 
-    @property
-    def pending(self) -> int:
-        return sum(lane.pending for lane in self._lanes)
-
     def append(
         self,
         obs: ArrayLike,

@@ -11,9 +11,15 @@
 Each append() is one env step (a vectorized env: one call per vector step,
 leading dimension num_envs; a single env may pass unbatched arrays). Rows
 are copied into preallocated numpy columns of `max_batch` transitions and
-sent as one KIND_STEP TransitionBatch (with env_ids; the daemon assembles
+sent as one KIND_STEP TransitionBatch in the step-stream form (obs, action,
+reward and flags per row with env_ids, and the final observation only of
+the rows that end an episode: a step's next state is its env's next obs,
+which the daemon takes from the next row of that env while it assembles
 the n-step returns per env) when the buffer is full, when its oldest row is
-`max_delay` seconds old, on flush() and on close(). Sending is pipelined:
+`max_delay` seconds old, on flush() and on close(). The batch that flush()
+or close() sends goes in the full form (next_obs of every row) when every
+row of it came with next_obs, so each env's newest step is complete when
+the stream closes. Sending is pipelined:
 up to `max_in_flight` batches wait for their ack. The stream itself
 (numbering, reconnect and resend, error acks) is qstream.stream.
 
@@ -48,18 +54,12 @@ from qstream.channel import PathLike, QstreamError, Servers, channel_for, parse_
 from qstream.proto import experience_pb2
 from qstream.stream import BatchRejected, ExperienceStream, StreamError, StreamStats
 
-# Steps waiting for their next observation are kept in arrays indexed by
-# env id; ids at or above this bound must come with next_obs.
-MAX_CHAINED_ENV_ID = 1 << 16
-
 # Bounds of episode reports fixed by the wire API (proto/episode_limits.h).
 MAX_EPISODES_PER_BATCH = 4096
 MAX_EPISODE_LENGTH = 1_000_000_000
 MAX_ABS_EPISODE_RETURN = 1e12
 MAX_ENV_BYTES = 64
 _ENV_LABEL = re.compile(r"[A-Za-z0-9_.:/-]*")
-
-_EVERY = slice(None)  # "every row of this append"
 
 
 class Backpressure(QstreamError):
@@ -69,17 +69,18 @@ class Backpressure(QstreamError):
 
 
 class _Columns:
-    """`rows` transitions of every column, preallocated once."""
+    """`rows` transitions of every column, preallocated once; final_obs
+    holds one row per buffered row that ends an episode, in row order."""
 
     def __init__(self, rows: int, obs_dim: int, num_branches: int):
         self.obs = np.zeros((rows, obs_dim), F32)
-        self.next_obs = np.zeros((rows, obs_dim), F32)
+        self.next_obs = np.zeros((rows, obs_dim), F32)  # valid while every row came with next_obs
+        self.final_obs = np.zeros((rows, obs_dim), F32)
         self.actions = np.zeros((rows, num_branches), I32)
         self.rewards = np.zeros(rows, F32)
         self.done = np.zeros(rows, BOOL)
         self.truncated = np.zeros(rows, BOOL)
         self.env_ids = np.zeros(rows, U32)
-        self.policy_version = np.zeros(rows, np.int64)  # used for the waiting steps only
 
 
 class Writer:
@@ -103,6 +104,9 @@ class Writer:
         max_in_flight: batches sent and not yet acknowledged, at most.
         block: what append()/flush()/send() do when their rows must go out
             and the window is full: wait (True) or raise Backpressure.
+        step_stream: send batches in the step-stream form (next_obs only of
+            the rows that end an episode: half the bytes); False: the full
+            form, every append() then needs next_obs.
         stream_id: the ingest session's identity (sequence numbers and
             n-step windows survive reconnects under it); default a fresh
             "py-<uuid>".
@@ -136,6 +140,7 @@ class Writer:
         max_delay: float | None = 0.02,
         max_in_flight: int = 8,
         block: bool = True,
+        step_stream: bool = True,
         stream_id: str | None = None,
         max_backoff_s: float = 5.0,
         reconnect_timeout_s: float = 60.0,
@@ -164,6 +169,7 @@ class Writer:
         self.max_batch = int(max_batch)
         self.max_delay = max_delay
         self.block = block
+        self.step_stream = step_stream
         self._obs_dim = obs_dim
         self._num_branches = num_branches
 
@@ -182,18 +188,17 @@ class Writer:
         )
         self._stream.on_acked_locked = self._on_acked_locked
 
-        # The buffer: rows [0, _n) of _buf, the oldest appended at _oldest.
+        # The buffer: rows [0, _n) of _buf (and final_obs rows [0, _ends)),
+        # the oldest appended at _oldest.
         self._buf: _Columns | None = None
         self._n = 0
+        self._ends = 0
+        self._all_next = True  # every buffered row came with next_obs
         self._oldest = 0.0
         self._min_version = 0
         self._last_version = 0  # of the latest append: report_episode's default
         # Finished episodes not sent yet: (return, length, policy version).
         self._episodes: list[tuple[float, int, int]] = []
-        # Per env id: the step waiting for the obs of that env's next append.
-        self._pending: _Columns | None = None
-        self._pending_valid = np.zeros(0, BOOL)
-        self._num_pending = 0
         self._arange = np.arange(0, dtype=U32)
 
         self._stopping = False
@@ -237,13 +242,6 @@ class Writer:
         with self._cv:
             return len(self._episodes)
 
-    @property
-    def pending(self) -> int:
-        """Steps waiting for their env's next observation (at most one per
-        env); close() drops them."""
-        with self._cv:
-            return self._num_pending
-
     def append(
         self,
         obs: ArrayLike,
@@ -259,21 +257,29 @@ class Writer:
         (num_branches,) / scalar, or (num_envs, num_branches) / (num_envs,);
         reward, terminated, truncated scalars or (num_envs,).
 
-        env_ids: which env each row is (default 0..num_envs-1). next_obs:
-        the state each step led to (a truncated step's final observation);
-        without it, a step's next state is the obs of the next append of the
-        same env, and the step waits until then. A terminated step never
-        waits (its next state is not bootstrapped from: the step's own obs
-        stands in). terminated and truncated both true is terminated.
+        env_ids: which env each row is (default 0..num_envs-1; an env may
+        appear several times, its rows in order). A step's next state is the
+        obs of the same env's next append (the daemon chains them: the
+        step-stream form, no next_obs on the wire), except for a step that
+        ends its episode: its next state is its next_obs row, the final
+        observation (required for a truncated step, which bootstraps from
+        it; a terminated step without next_obs gets its own obs, never
+        bootstrapped from). next_obs rows of steps that do not end their
+        episode are sent only in a full-form batch (flush(), close(), or
+        step_stream=False): they must equal the env's next obs. The newest
+        step of each env whose episode has not ended waits in the daemon for
+        that next obs; at close() it has none and is dropped, unless it went
+        out with next_obs in the full-form batch of flush()/close().
+        terminated and truncated both true is terminated.
 
         With block=True a call that fills the buffer returns once it went
         out, waiting for a slot while max_in_flight batches are in flight.
 
         Raises ValueError (naming the argument) for a truncated step without
-        next_obs, shapes that do not fit, or an env id twice in one call
-        without next_obs; Backpressure (block=False) when the rows do not fit
-        in the buffer and the window is full, without applying any of them
-        (a full buffer then goes out, by the sender thread, once a slot frees);
+        next_obs or shapes that do not fit; Backpressure (block=False) when
+        the rows do not fit in the buffer and the window is full, without
+        applying any of them (a full buffer then goes out, by the sender
+        thread, once a slot frees);
         BatchRejected for an earlier batch the daemon rejected (this step is
         then not added); StreamError/AuthError when the stream is unusable.
         """
@@ -303,63 +309,35 @@ class Writer:
             ids = self._arange
         else:
             ids = _shaped(np.asarray(env_ids, dtype=U32), (n,), "env_ids")
+        ended = terminated | truncated
         if next_obs is not None:
             next_obs = _shaped(np.asarray(next_obs, dtype=F32), (n, d), "next_obs")
-        else:
-            if truncated.any():
-                raise ValueError(
-                    f"truncated: a truncated step needs next_obs (its final observation); env_ids "
-                    f"{ids[truncated].tolist()} were truncated without it")
-            if env_ids is not None and n > 1 and np.unique(ids).size != n:
-                raise ValueError("env_ids: an env id appears twice in one append() without next_obs")
-            if env_ids is not None and ids.size and int(ids.max()) >= MAX_CHAINED_ENV_ID:
-                raise ValueError(f"env_ids: ids >= {MAX_CHAINED_ENV_ID} need next_obs")
+        elif not self.step_stream:
+            raise ValueError("next_obs: required by a Writer made with step_stream=False")
+        elif truncated.any():
+            raise ValueError(
+                f"truncated: a truncated step needs next_obs (its final observation); env_ids "
+                f"{ids[truncated].tolist()} were truncated without it")
+        # The final observations of the rows that end, in row order (a
+        # terminated row without next_obs: its own obs stands in).
+        final = None
+        if ended.any():
+            final = (next_obs if next_obs is not None else obs)[ended]
         version = int(policy_version)
         self._last_version = version
-        # Rows and pending slots are addressed by slices where they can be
-        # (every row; env ids 0..n-1) and by index arrays otherwise.
-        every = _EVERY
-        slots = slice(0, n) if env_ids is None else ids
 
         with self._cv:
             self._check_open_locked()
             if n == 0:
                 return
-            chained = self._chained_locked(ids, slots, n, may_repeat=env_ids is not None and next_obs is not None)
-            if next_obs is not None:
-                complete, waiting = every, None
-                k = n
-            elif not terminated.any():
-                complete, waiting = None, every
-                k = 0
-            else:
-                complete, waiting = terminated.nonzero()[0], (~terminated).nonzero()[0]
-                k = complete.size
-            if chained is not None:
-                k += n if chained is every else chained.size
-            if self._sends_needed_locked(k):
+            if self._sends_needed_locked(n):
                 if not self.block:
-                    self._check_room_locked(k)
+                    self._check_room_locked(n)
                 else:
                     self._await_room_locked()  # a rejection arriving meanwhile raises, nothing applied
             now = time.monotonic()
-            if chained is not None:
-                cslots = slots if chained is every else ids[chained]
-                cids = ids[chained]
-                p = self._pending
-                self._put_locked(now, p.obs[cslots], obs[chained], p.actions[cslots], p.rewards[cslots],
-                                 p.done[cslots], p.truncated[cslots], cids, int(p.policy_version[cslots].min()))
-                self._pending_valid[cslots] = False
-                self._num_pending -= cids.size
-            if complete is every:
-                self._put_locked(now, obs, next_obs, action, reward, terminated, truncated, ids, version)
-            elif complete is not None and complete.size:
-                self._put_locked(now, obs[complete], obs[complete], action[complete], reward[complete],
-                                 terminated[complete], truncated[complete], ids[complete], version)
-            if waiting is not None and (waiting is every or waiting.size):
-                wslots = slots if waiting is every else ids[waiting]
-                top = n if env_ids is None else int(ids.max()) + 1
-                self._hold_locked(wslots, top, obs[waiting], action[waiting], reward[waiting], version)
+            self._put_locked(now, obs, action, reward, terminated, truncated, ids, version,
+                             None if final is None else ended, final, next_obs)
             self._after_append_locked(now)
 
     def report_episode(self, episode_return: float, length: int, policy_version: int | None = None) -> None:
@@ -417,11 +395,12 @@ class Writer:
         """Sends the buffered rows, waits until every batch sent so far is
         acknowledged, and returns the transitions acknowledged since the
         Writer started: the sum of Ack.accepted. For KIND_STEP that is the
-        n-step transitions the daemon inserted; the last n-1 steps of each
-        env's unfinished episode stay in its n-step window (inserted as
-        later steps come, at the episode's end, or at close()), and a step
-        still waiting for its next observation (append() without next_obs)
-        is not sent yet. A duplicate ack (a resend after a reconnect whose
+        n-step transitions the daemon inserted; the last steps of each env's
+        unfinished episode stay in its n-step window (inserted as later
+        steps come, at the episode's end, or at close(), which drops a
+        newest step that went out without its next_obs). The rows flush()
+        sends go in the full form when all came with next_obs. A duplicate
+        ack (a resend after a reconnect whose
         first ack was lost) adds 0: such a batch is in the replay once, but
         its count is not known.
 
@@ -435,9 +414,9 @@ class Writer:
     def close(self, timeout: float | None = 30.0) -> int:
         """Flushes (waiting for a free slot even with block=False), half-closes
         the stream, waits for the daemon to end it (it first inserts what
-        its n-step windows hold) and closes the channel if the Writer opened
-        it. Steps still waiting for a next observation are dropped. Returns
-        flush()'s count; raises like flush() (a BatchRejected only after the
+        its n-step windows hold, but for an env's newest step that has no
+        next observation: see append()) and closes the channel if the
+        Writer opened it. Returns flush()'s count; raises like flush() (a BatchRejected only after the
         buffer went out and every ack came back), after closing all the
         same."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -480,52 +459,7 @@ class Writer:
     def _allocate(self, obs_dim: int, num_branches: int) -> None:
         self._obs_dim, self._num_branches = obs_dim, num_branches
         self._buf = _Columns(self.max_batch, obs_dim, num_branches)
-        self._pending = _Columns(0, obs_dim, num_branches)
         self._columns = StepColumns(obs_dim, num_branches)
-
-    def _chained_locked(self, ids: np.ndarray, slots, n: int, may_repeat: bool):
-        """Rows of this append whose env has a step waiting for it: None,
-        _EVERY, or their indices (the first row of each
-        such env when ids may repeat)."""
-        if not self._num_pending:
-            return None
-        valid = self._pending_valid
-        if isinstance(slots, slice) and valid.size >= n:
-            has = valid[slots]
-        else:
-            known = ids < valid.size
-            has = np.zeros(n, BOOL)
-            has[known] = valid[ids[known]]
-        if not may_repeat and has.all():
-            return _EVERY
-        rows = has.nonzero()[0]
-        if not rows.size:
-            return None
-        if may_repeat and rows.size > 1:
-            _, first = np.unique(ids[rows], return_index=True)
-            rows = rows[np.sort(first)]
-        return rows
-
-    def _hold_locked(self, slots, top: int, obs, action, reward, version: int) -> None:
-        """Keeps steps until their env's next obs arrives (slots: their env
-        ids as a slice or index array, all below `top`)."""
-        if top > self._pending_valid.size:
-            size = min(MAX_CHAINED_ENV_ID, max(8, 2 * self._pending_valid.size, top))
-            grown = _Columns(size, self._obs_dim, self._num_branches)
-            old = self._pending
-            m = self._pending_valid.size
-            for name in vars(grown):
-                getattr(grown, name)[:m] = getattr(old, name)
-            valid = np.zeros(size, BOOL)
-            valid[:m] = self._pending_valid
-            self._pending, self._pending_valid = grown, valid
-        p = self._pending
-        p.obs[slots] = obs
-        p.actions[slots] = action
-        p.rewards[slots] = reward
-        p.policy_version[slots] = version
-        self._pending_valid[slots] = True
-        self._num_pending += obs.shape[0]
 
     def _check_open_locked(self) -> None:
         """Raises a pending rejection or failure, or StreamError once the
@@ -547,13 +481,17 @@ class Writer:
                 f"{self._stream.in_flight_locked()} of {self._stream.max_in_flight} batches in flight and "
                 f"{self._n} of {self.max_batch} rows buffered: no room for {k} more")
 
-    def _put_locked(self, now, obs, next_obs, actions, rewards, done, truncated, env_ids, version: int) -> None:
+    def _put_locked(self, now, obs, actions, rewards, done, truncated, env_ids, version: int, ended, final,
+                    next_obs) -> None:
         """Copies k rows into the buffer, sending it each time it fills and
-        more rows follow (waiting for a slot: block=False callers checked).
-        A batch carries the smallest policy version of its rows."""
+        more rows follow (waiting for a slot: block=False callers checked);
+        `final` holds the final obs of the rows `ended` marks (None: no row
+        ends); next_obs, when not None, is kept for a full-form batch. A
+        batch carries the smallest policy version of its rows."""
         k = obs.shape[0]
         b = self._buf
         w = 0
+        e = 0  # rows of `final` copied
         while w < k:
             if self._n == self.max_batch:
                 self._send_when_room_locked(None)
@@ -561,12 +499,20 @@ class Writer:
             m = min(self.max_batch - self._n, k - w)
             dst, src = slice(self._n, self._n + m), slice(w, w + m)
             b.obs[dst] = obs[src]
-            b.next_obs[dst] = next_obs[src]
+            if next_obs is None:
+                self._all_next = False
+            elif self._all_next:
+                b.next_obs[dst] = next_obs[src]
             b.actions[dst] = actions[src]
             b.rewards[dst] = rewards[src]
             b.done[dst] = done[src]
             b.truncated[dst] = truncated[src]
             b.env_ids[dst] = env_ids[src]
+            if final is not None:
+                ends = int(np.count_nonzero(ended[src]))
+                b.final_obs[self._ends:self._ends + ends] = final[e:e + ends]
+                self._ends += ends
+                e += ends
             if self._n == 0:
                 self._oldest = now
                 self._min_version = version
@@ -605,8 +551,9 @@ class Writer:
         if not ok:
             raise TimeoutError(f"no free slot: {s.in_flight_locked()} batches still unacknowledged")
 
-    def _send_when_room_locked(self, batch, deadline: float | None = None) -> None:
-        """Sends `batch` (None: the buffer) once a slot is free."""
+    def _send_when_room_locked(self, batch, deadline: float | None = None, full: bool = False) -> None:
+        """Sends `batch` (None: the buffer; in the full form when `full` and
+        every row has next_obs) once a slot is free."""
         s = self._stream
         if not s.has_room_locked():
             ok = self._cv.wait_for(lambda: s.has_room_locked() or s.failure_locked() is not None,
@@ -617,14 +564,16 @@ class Writer:
                 raise TimeoutError(f"no free slot: {s.in_flight_locked()} batches still unacknowledged")
         if batch is None:
             if self._n or self._episodes:  # the sender thread may have sent it while we waited
-                self._send_buffer_locked()
+                self._send_buffer_locked(full)
         else:
             s.submit_locked(batch)
 
-    def _send_buffer_locked(self) -> None:
+    def _send_buffer_locked(self, full: bool = False) -> None:
         """Sends the buffered rows with the waiting episode reports (at most
         MAX_EPISODES_PER_BATCH of them, which report_episode keeps to); with
-        no row, a batch of count 0 that carries the reports alone."""
+        no row, a batch of count 0 that carries the reports alone. The full
+        form when asked (flush, close) or without step_stream, and every row
+        has next_obs; else the step-stream form."""
         n, b = self._n, self._buf
         episodes, self._episodes = self._episodes, []
         version = self._min_version if n else min((v for _, _, v in episodes), default=0)
@@ -634,10 +583,16 @@ class Writer:
             head.env = self.env
             for ret, length, v in episodes:
                 head.episodes.add(episode_return=ret, length=length, policy_version=v)
-        columns = () if not n else self._columns.encode(b.obs[:n], b.next_obs[:n], b.actions[:n], b.rewards[:n],
-                                                         b.done[:n], b.truncated[:n], b.env_ids[:n])
+        columns = ()
+        if n:
+            full_form = (full or not self.step_stream) and self._all_next
+            columns = self._columns.encode(b.obs[:n], b.actions[:n], b.rewards[:n], b.done[:n], b.truncated[:n],
+                                           b.env_ids[:n], final_obs=None if full_form else b.final_obs[:self._ends],
+                                           next_obs=b.next_obs[:n] if full_form else None)
         self._stream.submit_locked(head, columns)  # copies the columns out: the buffer is free again
         self._n = 0
+        self._ends = 0
+        self._all_next = True
 
     def _flush(self, timeout: float | None, block: bool) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -649,7 +604,7 @@ class Writer:
                         f"{self._stream.in_flight_locked()} batches in flight: the {self._n} buffered rows "
                         f"and {len(self._episodes)} episode reports cannot go out yet")
                 self._await_room_locked(deadline)
-                self._send_when_room_locked(None, deadline)
+                self._send_when_room_locked(None, deadline, full=True)
         self._stream.wait_idle(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return self.acked
 

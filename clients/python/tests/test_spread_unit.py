@@ -38,17 +38,17 @@ def test_each_env_goes_to_address_env_id_mod_n(fakes):
     for step in range(3):
         obs, act, rew, term, trunc = rows(5, step)
         w.append(obs, act, rew, term, trunc, next_obs=obs + 1)  # env ids 0..4
-    # Without next_obs a step waits for its env's next append, on its address.
+    # Without next_obs too (the daemon chains an env's next obs, on its address).
     obs, act, rew, term, trunc = rows(2, 9)
     w.append(obs, act, rew, term, trunc, env_ids=[6, 7])
     w.append(obs + 1, act, rew, term, trunc, env_ids=[6, 7])
-    assert w.pending == 2
-    assert w.flush() == 3 * 5 + 2
+    assert w.flush() == 3 * 5 + 4  # the fake acknowledges every row
     assert env_ids(a) == [0, 2, 4, 6] and env_ids(b) == [1, 3, 7]
     assert {x.stream_id for x in a.batches} == {"spread/0"} and {x.stream_id for x in b.batches} == {"spread/1"}
+    assert not any(x.HasField("next_obs") for x in a.batches + b.batches)
     stats = w.stats
-    assert stats.accepted_transitions == 17 and stats.acked_batches == len(a.batches) + len(b.batches)
-    assert w.close() == 17
+    assert stats.accepted_transitions == 19 and stats.acked_batches == len(a.batches) + len(b.batches)
+    assert w.close() == 19
 
 
 def test_single_env_reports_and_ready_batches(fakes):

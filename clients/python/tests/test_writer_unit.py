@@ -1,5 +1,5 @@
 """qstream.Writer against an in-process fake ExperienceService (no qstreamd):
-what batches it sends, when, and how it chains, holds back and fails."""
+what batches it sends, when, and how it holds back and fails."""
 
 import threading
 import time
@@ -130,15 +130,16 @@ def test_sent_tensors_round_trip_dtype_shape_and_bytes(fake):
     rng = np.random.default_rng(0)
     obs = rng.normal(size=(4, OBS_DIM)).astype(np.float32)
     nxt = rng.normal(size=(4, OBS_DIM)).astype(np.float32)
-    w = Writer(fake.address, max_batch=8, max_delay=None)  # obs_dim and num_branches from the first append
+    w = Writer(fake.address, max_batch=4, max_delay=None)  # obs_dim and num_branches from the first append
     w.append(obs, [[0, 1], [1, 0], [2, 2], [0, 0]], [0.5, 1, 1.5, 2], [0, 1, 0, 0], [0, 0, 1, 0],
-             next_obs=nxt, env_ids=[3, 1, 2, 0], policy_version=7)
-    w.close()
-    (b,) = fake.batches
+             next_obs=nxt, env_ids=[3, 1, 2, 0], policy_version=7)  # sent by size: the step-stream form
+    w.append(obs[:2], [[1, 1], [2, 0]], [3, 4], [0, 0], [0, 0], next_obs=nxt[:2], env_ids=[3, 1])
+    w.close()  # close sends the rest in the full form
+    b, c = fake.batches
     assert b.kind == b.KIND_STEP and b.count == 4 and b.policy_version == 7 and b.stream_id == w.stream_id
     expect = {
         "obs": (Tensor.DTYPE_FLOAT32, obs),
-        "next_obs": (Tensor.DTYPE_FLOAT32, nxt),
+        "final_obs": (Tensor.DTYPE_FLOAT32, nxt[[1, 2]]),  # the rows that end (done, truncated), in row order
         "actions": (Tensor.DTYPE_INT32, np.array([[0, 1], [1, 0], [2, 2], [0, 0]], np.int32)),
         "rewards": (Tensor.DTYPE_FLOAT32, np.array([0.5, 1, 1.5, 2], np.float32)),
         "done": (Tensor.DTYPE_BOOL, np.array([0, 1, 0, 0], bool)),
@@ -151,12 +152,17 @@ def test_sent_tensors_round_trip_dtype_shape_and_bytes(fake):
         assert list(t.shape) == list(want.shape), name
         assert t.data == want.tobytes(), name
     assert not b.HasField("discounts")
+    assert not b.HasField("next_obs")  # the step-stream form
+    assert c.count == 2 and not c.HasField("final_obs")
+    assert c.next_obs.dtype == Tensor.DTYPE_FLOAT32 and list(c.next_obs.shape) == [2, OBS_DIM]
+    assert c.next_obs.data == nxt[:2].tobytes()
 
 
-def test_vector_env_chains_next_obs_per_env_and_ends_episodes_at_once(fake):
-    """Three envs appended without next_obs: each step's next state is that
-    env's obs in the following append; env 1 terminates at t=2 (sent at once,
-    no chaining into its next episode); env 2 is left out at t=3 (env_ids)."""
+def test_vector_env_steps_go_out_in_the_step_stream_form(fake):
+    """Three envs appended without next_obs: every row goes out as appended
+    (no next_obs on the wire: the daemon chains each env's next obs), env 1
+    terminates at t=2 (its final_obs: its own obs stands in), env 2 is left
+    out at t=3 (env_ids)."""
     w = writer(fake, max_batch=100)
 
     def obs_at(t, envs=(0, 1, 2)):
@@ -164,34 +170,53 @@ def test_vector_env_chains_next_obs_per_env_and_ends_episodes_at_once(fake):
 
     for t in range(3):
         w.append(obs_at(t), [0, 1, 0], [t, t, t], [False, t == 2, False], [False] * 3, policy_version=t)
-    assert w.pending == 2  # envs 0 and 2 wait for their next obs; env 1 ended
+    assert w.buffered == 9
     w.append(obs_at(3, (0, 1)), [0, 0], [3, 3], [False, False], [False, False], env_ids=[0, 1])
-    assert w.pending == 3  # env 0's and env 1's t=3 steps (env 1: a new episode), env 2's t=2 step
+    assert w.buffered == 11
     w.flush(timeout=10)
     (b,) = fake.batches
-    env, o, n = col(b, "env_ids"), col(b, "obs")[:, 0], col(b, "next_obs")[:, 0]
-    rows = {(int(e), float(x)): (float(y), bool(d)) for e, x, y, d in zip(env, o, n, col(b, "done"))}
-    assert rows == {
-        (0, 0): (1, False), (0, 1): (2, False), (0, 2): (3, False),
-        (1, 10): (11, False), (1, 11): (12, False), (1, 12): (12, True),  # terminal: own obs stands in
-        (2, 20): (21, False), (2, 21): (22, False),
-    }
-    for e in range(3):  # per env in step order
-        np.testing.assert_array_equal(o[env == e], np.sort(o[env == e]))
+    assert not b.HasField("next_obs")
+    np.testing.assert_array_equal(col(b, "env_ids"), [0, 1, 2] * 3 + [0, 1])
+    np.testing.assert_array_equal(col(b, "obs")[:, 0], [0, 10, 20, 1, 11, 21, 2, 12, 22, 3, 13])
+    np.testing.assert_array_equal(col(b, "done"), [False] * 7 + [True] + [False] * 3)
+    np.testing.assert_array_equal(col(b, "final_obs"), [[12] * OBS_DIM])
     assert b.policy_version == 0
     w.close()
 
 
-def test_next_obs_given_completes_a_waiting_step_first(fake):
-    w = writer(fake, max_batch=100)
-    w.append([1.0] * OBS_DIM, 0, 1.0, False, False)  # single env, unbatched; waits
+def test_next_obs_is_sent_only_for_the_steps_that_end(fake):
+    """A step that does not end: its next_obs row is the env's next obs and
+    is not sent; a truncated step's next_obs is its final_obs."""
+    w = writer(fake, max_batch=4)  # the 4 rows go out by size, in the step-stream form
+    w.append([1.0] * OBS_DIM, 0, 1.0, False, False, next_obs=[2.0] * OBS_DIM)  # single env, unbatched
     w.append([2.0] * OBS_DIM, 0, 2.0, False, True, next_obs=[2.5] * OBS_DIM)  # truncated, final obs given
-    assert w.pending == 0
+    w.append(np.full((2, OBS_DIM), 3.0), [0, 0], [3, 3], [True, False], [False, False],
+             next_obs=np.array([[3.5] * OBS_DIM, [4.0] * OBS_DIM]), env_ids=[0, 5])
     w.close()
     (b,) = fake.batches
-    np.testing.assert_array_equal(col(b, "obs")[:, 0], [1, 2])
-    np.testing.assert_array_equal(col(b, "next_obs")[:, 0], [2, 2.5])
-    np.testing.assert_array_equal(col(b, "truncated"), [False, True])
+    np.testing.assert_array_equal(col(b, "obs")[:, 0], [1, 2, 3, 3])
+    np.testing.assert_array_equal(col(b, "env_ids"), [0, 0, 0, 5])
+    np.testing.assert_array_equal(col(b, "truncated"), [False, True, False, False])
+    np.testing.assert_array_equal(col(b, "done"), [False, False, True, False])
+    np.testing.assert_array_equal(col(b, "final_obs")[:, 0], [2.5, 3.5])
+
+
+def test_final_obs_rows_follow_their_rows_across_batches(fake):
+    """Rows that end in an append split over several batches: each batch
+    sent by size carries the final_obs of its own ended rows."""
+    w = writer(fake, max_batch=3)
+    n = 8
+    obs = np.repeat(np.arange(n, dtype=np.float32)[:, None], OBS_DIM, 1)
+    ends = np.array([1, 0, 1, 1, 0, 0, 0, 1], bool)
+    w.append(obs, np.zeros(n), np.ones(n), ends & (np.arange(n) % 2 == 0), ends & (np.arange(n) % 2 == 1),
+             next_obs=obs + 100, env_ids=np.arange(n))
+    w.close()
+    assert [b.count for b in fake.batches] == [3, 3, 2]
+    got = [list(col(b, "final_obs")[:, 0]) if b.HasField("final_obs") else [] for b in fake.batches[:2]]
+    assert got == [[100, 102], [103]]
+    last = fake.batches[2]  # sent by close(): the full form
+    assert not last.HasField("final_obs")
+    np.testing.assert_array_equal(col(last, "next_obs")[:, 0], [106, 107])
 
 
 def test_truncated_without_next_obs_raises_naming_it_and_adds_nothing(fake):
@@ -199,7 +224,7 @@ def test_truncated_without_next_obs_raises_naming_it_and_adds_nothing(fake):
     w.append(np.zeros((2, OBS_DIM)), [0, 0], [1, 1], [False, False], [False, False])
     with pytest.raises(ValueError, match="truncated.*next_obs"):
         w.append(np.ones((2, OBS_DIM)), [0, 0], [1, 1], [False, False], [False, True])
-    assert (w.pending, w.buffered) == (2, 0)
+    assert w.buffered == 2  # the first append only
     w.close()
 
 
@@ -210,6 +235,7 @@ def test_terminated_and_truncated_together_is_terminated(fake):
     (b,) = fake.batches
     np.testing.assert_array_equal(col(b, "done"), [True])
     np.testing.assert_array_equal(col(b, "truncated"), [False])
+    np.testing.assert_array_equal(col(b, "final_obs"), [[0.0] * OBS_DIM])  # its own obs stands in
 
 
 @pytest.mark.parametrize(
@@ -219,7 +245,7 @@ def test_terminated_and_truncated_together_is_terminated(fake):
         (dict(action=np.zeros(3)), "action"),
         (dict(reward=np.zeros(3)), "reward"),
         (dict(terminated=[True]), "terminated"),
-        (dict(env_ids=[0, 0]), "env_ids"),  # twice without next_obs
+        (dict(env_ids=[0, 1, 2]), "env_ids"),
         (dict(next_obs=np.zeros((2, 2))), "next_obs"),
     ],
 )
@@ -230,7 +256,7 @@ def test_bad_shapes_raise_value_error_naming_the_argument(fake, kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         w.append(**args)
-    assert (w.pending, w.buffered) == (0, 0)
+    assert w.buffered == 0
     w.close()
 
 
@@ -359,9 +385,9 @@ def test_episode_reports_ride_on_the_next_batch_with_the_env_label(fake):
 
 def test_episode_reports_without_rows_go_alone_at_flush(fake):
     w = writer(fake, max_batch=4)
-    terminal_steps(w, [1, 2, 3, 4])  # sent at once: nothing left to carry the report
+    # Sent at once (by size): nothing left to carry the report.
+    w.append(np.zeros((4, OBS_DIM)), [0] * 4, [1] * 4, [True] * 4, [False] * 4, policy_version=9)
     fake.wait_batches(1)
-    w.append(np.zeros(OBS_DIM), 0, 1.0, False, False, policy_version=9)  # waits for its next obs
     w.report_episode(4.0, 4)  # default version: the latest append's
     assert w.flush(timeout=10) == 4
     batch = fake.batches[1]
@@ -404,3 +430,28 @@ def test_bad_episode_reports_raise_naming_the_argument(fake, args, field):
 def test_bad_env_label_raises(fake, env):
     with pytest.raises(ValueError, match="env"):
         writer(fake, env=env)
+
+
+def test_flush_sends_the_full_form_only_when_every_row_has_next_obs(fake):
+    w = writer(fake, max_batch=100)
+    w.append(np.ones((2, OBS_DIM)), [0, 0], [1, 1], [False, False], [False, False], next_obs=np.full((2, OBS_DIM), 2))
+    w.append(np.full((2, OBS_DIM), 2), [0, 0], [1, 1], [False, False], [False, False])  # no next_obs
+    w.flush(timeout=10)
+    w.append(np.full((2, OBS_DIM), 3), [0, 0], [1, 1], [False, False], [False, False],
+             next_obs=np.full((2, OBS_DIM), 4))
+    w.close()
+    a, b = fake.batches
+    assert not a.HasField("next_obs") and not a.HasField("final_obs")  # step-stream: a row had no next_obs
+    np.testing.assert_array_equal(col(b, "next_obs")[:, 0], [4, 4])
+
+
+def test_without_step_stream_every_batch_is_full_and_needs_next_obs(fake):
+    w = writer(fake, max_batch=2, step_stream=False)
+    with pytest.raises(ValueError, match="next_obs"):
+        w.append(np.zeros((2, OBS_DIM)), [0, 0], [1, 1], [False, False], [False, False])
+    assert w.buffered == 0
+    w.append(np.zeros((2, OBS_DIM)), [0, 0], [1, 1], [False, True], [False, False], next_obs=np.ones((2, OBS_DIM)))
+    (b,) = fake.wait_batches(1)  # sent by size, in the full form
+    assert not b.HasField("final_obs")
+    np.testing.assert_array_equal(col(b, "next_obs"), np.ones((2, OBS_DIM)))
+    w.close()
