@@ -70,7 +70,7 @@ TEST_F(ActorTest, EverythingStreamedIsAcknowledgedAndInTheReplay) {
   ActorOptions options;
   options.num_envs = 3;
   options.max_steps = 3000;
-  options.batch_transitions = 50;
+  options.batch_transitions = 64;
   options.flush_after = absl::Hours(1);  // batches by size only
   options.epsilon = {1.0, 0.1, 1000};
   std::ostringstream log;
@@ -85,13 +85,15 @@ TEST_F(ActorTest, EverythingStreamedIsAcknowledgedAndInTheReplay) {
   // The queue never held half of server.max_queued_bytes: no ack throttled.
   EXPECT_EQ(result->stream.throttled_acks, 0);
   EXPECT_EQ(result->stream.window, 2);
-  // A batch goes out once it holds 50 transitions (a round of 3 envs may
-  // straddle two batches): 60 of them.
-  EXPECT_EQ(result->stream.sent_batches, 60);
+  // A batch goes out once it holds 64 transitions (a round of 3 envs may
+  // straddle two batches), in the step-stream form: 46 of them; the last 56
+  // rows go out with the writer's Close, in the full form.
+  EXPECT_EQ(result->stream.sent_batches, 47);
   // Each env's n-step window may still hold its last n-1 steps.
   EXPECT_LE(result->stream.accepted_transitions, 3000);
   EXPECT_GE(result->stream.accepted_transitions, 3000 - options.num_envs * (kNStep - 1));
-  // The clean half-close flushed the open n-step windows: every step is in.
+  // The clean half-close flushed the open n-step windows: every step is in
+  // (each env's newest step came with its next_obs in the full-form batch).
   EXPECT_EQ(daemon_->counters().transitions(), 3000);
   // Every finished episode was reported once, under the env's name; CartPole
   // pays 1 per step, so the returns add up to the lengths.

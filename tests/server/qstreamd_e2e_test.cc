@@ -2,6 +2,7 @@
 // at run time, driven by real gRPC clients and scraped over HTTP.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <future>
@@ -651,6 +652,56 @@ TEST(QstreamdE2E, StartPausedIngestsWithoutStepsUntilResume) {
     absl::SleepFor(absl::Milliseconds(20));
   EXPECT_GT(GetStatus(channel).learner_steps(), 0);
   EXPECT_FALSE(GetStatus(channel).paused());
+}
+
+// The step-stream form (no next_obs; final_obs at episode ends) over real
+// gRPC, n = 3: two envs send three steps each (every step waits for a later
+// obs), then env 0 ends its episode (its 4 steps leave) and env 1's fourth obs
+// completes its first step. A step-stream batch whose done row has no
+// final_obs is an error ack naming it and changes nothing. The half-close
+// flushes env 1's steps 1 and 2 (bootstrapping from step 3's obs) and drops
+// step 3, which never got a next state.
+TEST(QstreamdE2E, StepStreamBatchesChainEachEnvsNextObs) {
+  auto d = StartOrDie({"--start_paused"});
+  auto channel = Channel(d);
+  auto stub = v1::ExperienceService::NewStub(channel);
+  std::mt19937 rng(31);
+  grpc::ClientContext context;
+  auto s = stub->Stream(&context);
+  auto stream_batch = [&](uint64_t sequence, const std::vector<uint32_t>& envs,
+                          const std::vector<bool>& done) {
+    const int n = static_cast<int>(envs.size());
+    int64_t t = 0;
+    v1::TransitionBatch b = StepBatch(n, sequence, 1, &t, &rng);
+    b.set_stream_id("chainer");
+    b.clear_next_obs();
+    wire::SetTensor(b.mutable_env_ids(), envs, {n});
+    wire::SetBoolTensor(b.mutable_done(), done);
+    const auto ends = std::count(done.begin(), done.end(), true);
+    if (ends > 0)
+      wire::SetTensor(b.mutable_final_obs(), std::vector<float>(ends * kObsDim, 0.25f), {ends, kObsDim});
+    return b;
+  };
+  v1::Ack ack;
+  ASSERT_TRUE(s->Write(stream_batch(1, {0, 1, 0, 1, 0, 1}, std::vector<bool>(6, false))));
+  ASSERT_TRUE(s->Read(&ack));
+  EXPECT_FALSE(ack.has_error()) << ack.error().message();
+  EXPECT_EQ(ack.accepted(), 0u);
+  v1::TransitionBatch missing = stream_batch(2, {0, 1}, {true, false});
+  missing.clear_final_obs();
+  ASSERT_TRUE(s->Write(missing));
+  ASSERT_TRUE(s->Read(&ack));
+  ASSERT_TRUE(ack.has_error());
+  EXPECT_EQ(ack.error().field(), "final_obs");
+  EXPECT_THAT(ack.error().message(), HasSubstr("[ends, obs_dim]"));
+  ASSERT_TRUE(s->Write(stream_batch(3, {0, 1}, {true, false})));
+  ASSERT_TRUE(s->Read(&ack));
+  EXPECT_FALSE(ack.has_error()) << ack.error().message();
+  EXPECT_EQ(ack.accepted(), 4u + 1u);
+  EXPECT_EQ(GetStatus(channel).replay_size(), 5);
+  s->WritesDone();
+  EXPECT_TRUE(s->Finish().ok());
+  EXPECT_EQ(GetStatus(channel).replay_size(), 5 + 2);
 }
 
 // A clean half-close flushes the open n-step windows before OK.

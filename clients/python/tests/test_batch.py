@@ -69,14 +69,27 @@ def test_nstep_batch_columns():
 
 
 @pytest.mark.parametrize("n", [1, 3, 1024])  # 1024 rows: multi-byte length varints
-def test_step_columns_encode_the_same_message_as_step_message(n):
+@pytest.mark.parametrize("form", ["step_stream", "full"])
+def test_step_columns_encode_the_same_message_as_step_message(n, form):
     a = arrays(np.random.default_rng(n), n, obs_dim=48, branches=4)
-    cols = (a["obs"], a["next_obs"], a["actions"], a["rewards"], a["done"], a["truncated"], a["env_ids"])
-    want = step_message(*cols, policy_version=3)
+    a["truncated"] &= ~a["done"]
+    want = step_message(a["obs"], a["next_obs"], a["actions"], a["rewards"], a["done"], a["truncated"],
+                        a["env_ids"], policy_version=3)
     want.sequence, want.stream_id = 17, "py-test"
+    cols = (a["obs"], a["actions"], a["rewards"], a["done"], a["truncated"], a["env_ids"])
+    if form == "full":
+        columns = StepColumns(48, 4).encode(*cols, next_obs=a["next_obs"])
+    else:
+        final = a["next_obs"][a["done"] | a["truncated"]]
+        want.ClearField("next_obs")
+        if final.shape[0]:
+            want.final_obs.dtype = Tensor.DTYPE_FLOAT32
+            want.final_obs.shape[:] = final.shape
+            want.final_obs.data = final.tobytes()
+        columns = StepColumns(48, 4).encode(*cols, final_obs=final)
     head = TransitionBatch(kind=TransitionBatch.KIND_STEP, count=n, policy_version=3, sequence=17,
                            stream_id="py-test")
-    wire = serialize(head, StepColumns(48, 4).encode(*cols))
+    wire = serialize(head, columns)
     assert TransitionBatch.FromString(wire) == want
     assert len(wire) == want.ByteSize()
 
@@ -84,8 +97,9 @@ def test_step_columns_encode_the_same_message_as_step_message(n):
 def test_step_columns_cache_prefixes_per_count():
     enc = StepColumns(2, 1)
     for n in (1, 2, 1, 2):
-        cols = (np.zeros((n, 2), F32), np.ones((n, 2), F32), np.zeros((n, 1), I32), np.zeros(n, F32),
-                np.zeros(n, bool), np.zeros(n, bool), np.arange(n, dtype=U32))
-        b = TransitionBatch.FromString(b"".join(enc.encode(*cols)))
+        cols = (np.zeros((n, 2), F32), np.zeros((n, 1), I32), np.zeros(n, F32), np.ones(n, bool), np.zeros(n, bool),
+                np.arange(n, dtype=U32))
+        b = TransitionBatch.FromString(b"".join(enc.encode(*cols, final_obs=np.full((n, 2), n, F32))))
         assert b.count == 0 and list(b.obs.shape) == [n, 2]  # count is the head's, not the columns'
         np.testing.assert_array_equal(to_numpy(b.env_ids), np.arange(n))
+        np.testing.assert_array_equal(to_numpy(b.final_obs), np.full((n, 2), n))
