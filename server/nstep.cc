@@ -100,7 +100,13 @@ std::optional<BatchError> NStepAssembler::Add(const IncomingBatch& batch, NStepW
     }
   }
   if (opened != nullptr) *opened = envs - held;
-  out->Reserve(out->n + count);
+  // Every row emits at most one item, plus at most n for a row that ends its
+  // episode (its window's): reserved once, no column grows while it fills.
+  int64_t ends = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    ends += static_cast<int64_t>(batch.done[i] != 0 || (!batch.truncated.empty() && batch.truncated[i] != 0));
+  }
+  out->Reserve(out->n + count + ends * n_);
   Advance(batch, windows, out);
   return std::nullopt;
 }
