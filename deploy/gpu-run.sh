@@ -9,7 +9,7 @@
 #   PATHS="fused cublas" PRECISIONS=fp32,tf32,bf16 CONFIGS=h200,small, PROFILE=1,
 #   DEMO=1 [DEMO_SECONDS=60]: qstreamd --backend=cuda + CartPole actors via deploy/demo.sh,
 #   METRICS=1: qstreamd --backend=cuda under 5 s of load, its GPU, build and step-time series from /metrics,
-#   E2E=1 [E2E_SECONDS=20 E2E_STREAMS=8]: qstream-bench e2e, qstreamd --backend=cuda under load streams,
+#   E2E=1 [E2E_SECONDS=20 E2E_STREAMS=8 E2E_KIND=nstep|step|step_stream]: qstream-bench e2e, qstreamd --backend=cuda under load streams,
 #   INGEST=1 [INGEST_PEERS=cpp INGEST_STREAMS=16 INGEST_ITEMS=1,64,1024 INGEST_CLIENTS=1,4]: bench/ingest_compare.py,
 #   qstreamd --backend=cuda, learner running, samples_per_insert 1, B = 1024, `qstream-bench load` client processes)
 set -uo pipefail
@@ -85,7 +85,7 @@ if [[ "${E2E:-0}" == 1 && -x "$bin/qstreamd" ]]; then
   echo "== e2e" >> "$summary"
   timeout $(( ${E2E_SECONDS:-20} + 400 )) "$bin/qstream-bench" e2e --qstreamd="$bin/qstreamd" --backend=cuda \
     --config=h200 --batch=1024 --items_per_message=1024 --streams="${E2E_STREAMS:-8}" \
-    --seconds="${E2E_SECONDS:-20}" > "$out/e2e.tmp" 2>> "$out/bench.log"
+    --seconds="${E2E_SECONDS:-20}" --kind="${E2E_KIND:-nstep}" > "$out/e2e.tmp" 2>> "$out/bench.log"
   echo "e2e rc=$?" >> "$summary"
   tee -a "$out/bench.jsonl" < "$out/e2e.tmp" >> "$summary"
   rm -f "$out/e2e.tmp"

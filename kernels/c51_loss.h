@@ -64,17 +64,26 @@ struct C51LossArgs {
   float* q_max = nullptr;     // B
   float* q_sum = nullptr;     // B
   int32_t* q_bad = nullptr;   // B: 1 when some Q_online(s) is non-finite
+  // Copy each sample's six logit rows into shared memory first when they fit
+  // in the default 48 KB with the rest (bitwise the same results; false
+  // reads them from global memory, as for larger heads).
+  bool stage_rows = true;
 };
 
 // Dynamic shared memory the loss kernel needs; the backend checks it at set-up.
 size_t C51LossSharedBytes(const HeadShape& head);
 
-// Grid: one block per sample b, 4 warps; warp w takes branches w, w+4, ...
+// Grid: one block per sample b, 4 warps; the block first stages the
+// sample's rows of V and A (s, s', target s') in shared memory when they fit
+// (args.stage_rows); warp w takes branches w, w+4, ...
 // and lane l atoms l, l+32, ... (registers). Per branch the warp writes
 // da[b][branch actions][*] and its d logit to shared memory; after a barrier
 // the block sums the branches in order into dv[b][*] and thread 0 alone
 // writes ce/clip/q stats of sample b. Projection as a gather: target atom i
-// sums p_j * weight(i, j) over source atoms j in order, so no scatter races.
+// sums p_j * weight(i, j) over source atoms j in order, so no scatter races;
+// with discount >= 0 only the run of j with i - 1 < b_j < i + 1 is visited
+// (found by binary search, b_j being monotone in j), the same terms in the
+// same order, so the result is bitwise that of the full scan.
 // Gradient: d loss / d l(s, a_br)[z] = w_b / (B * branches) * (p_z sum(m) - m_z)
 // (m' for m with label smoothing); with alpha > 0 that term times (1 - alpha)
 // plus w_b / (B * branches) * alpha (Q - y) / (v_max - v_min)^2 p_z (atom(z) - Q).

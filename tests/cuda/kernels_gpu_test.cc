@@ -92,7 +92,8 @@ double Expectation(const NetworkSpec& s, const std::vector<double>& p) {
 }
 
 // Random inputs of the loss kernel: rewards beyond the support (clipped
-// mass), terminal items, a target landing on atoms (the l == u case).
+// mass), terminal items, a target landing on atoms (the l == u case),
+// discounts at 1, near 0 and below 0.
 struct LossInputs {
   NetworkSpec spec;
   int B = 37;
@@ -115,6 +116,11 @@ struct LossInputs {
     for (int b = 0; b < B; b += 5) discounts[b] = 0.0f;
     rewards[1] = 3.0f;  // integer positions on the support: the l == u case
     discounts[1] = 0.0f;
+    discounts[2] = 1.0f;   // the support shifted whole, no contraction
+    discounts[3] = 1e-4f;  // every atom lands on one or two neighbours
+    // Negative: outside the wire's range, but the kernel's projection must
+    // still match (it scans every source atom when b_j is not monotone).
+    discounts[4] = -0.5f;
     weights = RandomUniform(rng, B, 0.1f, 1.0f);
   }
 };
@@ -126,7 +132,8 @@ struct LossOutputs {
 };
 
 // The loss kernel on `in` with every output poisoned first; state->t = t.
-LossOutputs<float> RunLossKernel(const LossInputs& in, const kernels::LossOptions& options, int64_t t) {
+LossOutputs<float> RunLossKernel(const LossInputs& in, const kernels::LossOptions& options, int64_t t,
+                                 bool stage_rows = true) {
   const int B = in.B, Z = in.spec.num_atoms, AZ = in.spec.total_actions() * Z;
   DeviceArray<float> d_ov(in.ov), d_oa(in.oa), d_tv(in.tv), d_ta(in.ta), d_r(in.rewards), d_d(in.discounts),
       d_w(in.weights);
@@ -161,6 +168,7 @@ LossOutputs<float> RunLossKernel(const LossInputs& in, const kernels::LossOption
   args.q_max = qmax.get();
   args.q_sum = qsum.get();
   args.q_bad = qbad.get();
+  args.stage_rows = stage_rows;
   EXPECT_EQ(kernels::LaunchC51Loss(args, nullptr), cudaSuccess);
   EXPECT_EQ(d_state.Download()[0].t, t) << "the loss kernel only reads the step counter";
   return {dv.Download(),   da.Download(),   ce.Download(),   item_loss.Download(), clip.Download(),
@@ -242,13 +250,23 @@ TEST_P(C51LossTest, MatchesCpuReference) {
   const LossOutputs<double> want = ReferenceLoss(in, 0.0, 0.0);
   ExpectLossNear(got, want);
   EXPECT_EQ(got.item_loss, got.ce) << "without options the item loss is the CE";
+  // Rows staged in shared memory or read from global memory: bitwise the same.
+  const LossOutputs<float> unstaged = RunLossKernel(in, kernels::LossOptions{}, 0, /*stage_rows=*/false);
+  EXPECT_EQ(got.dv, unstaged.dv);
+  EXPECT_EQ(got.da, unstaged.da);
+  EXPECT_EQ(got.ce, unstaged.ce);
+  EXPECT_EQ(got.clip, unstaged.clip);
+  EXPECT_EQ(got.qsum, unstaged.qsum);
   double clipped = 0;
   for (double c : want.clip) clipped += c;
   EXPECT_GT(clipped, 0.0) << "inputs must exercise clipping";
 }
 
+// The last shape's rows (3 x 51 x 82 floats) exceed the staging limit, so
+// the kernel reads them from global memory.
 INSTANTIATE_TEST_SUITE_P(Shapes, C51LossTest,
-                         ::testing::Values(std::vector<int>{2}, std::vector<int>{5, 5, 5, 5}, std::vector<int>{3, 1, 7, 2, 4}));
+                         ::testing::Values(std::vector<int>{2}, std::vector<int>{5, 5, 5, 5}, std::vector<int>{3, 1, 7, 2, 4},
+                                           std::vector<int>{41, 40}));
 
 // Label smoothing and the MSE blend at a step t of the schedule: the kernel
 // reads t from the device state and matches the oracle with alpha computed
