@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <type_traits>
 
 namespace qstream::kernels {
@@ -437,7 +438,7 @@ constexpr size_t GradSharedBytes() {
 
 template <int P>
 __global__ void __launch_bounds__(kFusedThreads)
-    WeightGradKernel(const GradProgram* __restrict__ prog, float* __restrict__ partials) {
+    WeightGradKernel(const GradProgram* __restrict__ prog, float* __restrict__ partials, int first_tile) {
   using T = Elem<P>;
   constexpr bool kTensor = P != int(Precision::kFp32);
   constexpr int kK = P == int(Precision::kBf16) ? 16 : 8;
@@ -448,13 +449,20 @@ __global__ void __launch_bounds__(kFusedThreads)
   __shared__ __align__(128) float c_stage[kWarps][16 * kStageLd];
   __shared__ float colsum[kFusedThreads];
   __shared__ float warp_sq[kWarps];
-  const GradTile tile = prog->tiles[blockIdx.x];
+  const int tile_index = first_tile + static_cast<int>(blockIdx.x);
+  const GradTile tile = prog->tiles[tile_index];
   const GradJob job = prog->jobs[tile.job];
-  const int rows = prog->rows;
+  const int split = static_cast<int>(blockIdx.y);
+  const bool split_k = prog->splits > 1;
+  const int row_begin = split_k ? split * prog->split_rows : 0;
+  const int rows = split_k ? min(prog->rows - row_begin, prog->split_rows) : prog->rows;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const T* dy = static_cast<const T*>(job.dy) + tile.m0;
-  const T* x = static_cast<const T*>(job.x) + tile.n0;
+  const T* dy = static_cast<const T*>(job.dy) + int64_t{row_begin} * job.dy_ld + tile.m0;
+  const T* x = static_cast<const T*>(job.x) + int64_t{row_begin} * job.x_ld + tile.n0;
+  // Split-K: this block's partial tile, [m][n] then db[m], all elements written.
+  float* split_out =
+      split_k ? prog->split_partials + (int64_t{split} * prog->num_tiles + tile_index) * kGradSplitElems : nullptr;
   const bool bias_tile = tile.n0 == 0;
   const int slabs = (rows + kFusedSlabK - 1) / kFusedSlabK;
   auto a_of = [&](int slot) { return stages + slot * 2 * kFusedSlabK * kGLd; };
@@ -531,7 +539,9 @@ __global__ void __launch_bounds__(kFusedThreads)
 
   float sq = 0.0f;
   auto emit = [&](int m, int n, float v) {
-    if (m < job.out && n < job.in) {
+    if (split_out != nullptr) {
+      split_out[(m - tile.m0) * kGradTile + (n - tile.n0)] = v;
+    } else if (m < job.out && n < job.in) {
       job.dw[int64_t{m} * job.in + n] = v;
       sq += v * v;
     }
@@ -554,6 +564,15 @@ __global__ void __launch_bounds__(kFusedThreads)
       for (int j = 0; j < 4; ++j) emit(tile.m0 + ty * 4 + i, tile.n0 + tx * 4 + j, sacc[i][j]);
   }
   if (bias_tile) colsum[threadIdx.x] = bias_sum;
+  if (split_out != nullptr) {
+    __syncthreads();
+    if (bias_tile && threadIdx.x < kGradTile) {
+      const int m = threadIdx.x;
+      split_out[kGradTile * kGradTile + m] =
+          ((colsum[m] + colsum[m + kGradTile]) + colsum[m + 2 * kGradTile]) + colsum[m + 3 * kGradTile];
+    }
+    return;  // the reduce writes dW, db and the norm partial
+  }
     // Fixed-order block sum of squares: warp trees, then warp 0 over the warps.
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, off);
@@ -570,28 +589,102 @@ __global__ void __launch_bounds__(kFusedThreads)
         total += v * v;
       }
     }
-    partials[blockIdx.x] = total;
+    partials[tile_index] = total;
   }
 }
 
 // ---------------------------------------------------------------------------
 
-template <int P>
-__global__ void PackKernel(const PackProgram* __restrict__ prog) {
-  using T = Elem<P>;
-  const PackJob& job = prog->jobs[blockIdx.y];
-  const int64_t n = int64_t{job.rows} * job.cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    // Destination order (coalesced writes): transposed, i walks dst[c][r] with r fastest.
-    const int r = static_cast<int>(job.transpose ? i % job.rows : i / job.cols);
-    const int c = static_cast<int>(job.transpose ? i / job.rows : i % job.cols);
-    const float v = job.src[int64_t{r} * job.cols + c];
-    const int64_t d = job.transpose ? int64_t{c} * job.dst_ld + r : int64_t{r} * job.dst_ld + c;
-    if (job.to_f32) {
-      static_cast<float*>(job.dst)[d] = v;
+// Split-K reduce: block t sums tile t's splits in order into dW, db and
+// writes partials[t] (thread sums, then warp trees, then warp 0 in order).
+__global__ void __launch_bounds__(kFusedThreads)
+    WeightGradReduceKernel(const GradProgram* __restrict__ prog, float* __restrict__ partials) {
+  __shared__ float warp_sq[kWarps];
+  const int t = static_cast<int>(blockIdx.x);
+  const GradTile tile = prog->tiles[t];
+  const GradJob job = prog->jobs[tile.job];
+  const bool bias_tile = tile.n0 == 0;
+  const int splits = prog->splits;
+  const int64_t stride = int64_t{prog->num_tiles} * kGradSplitElems;
+  const float* src = prog->split_partials + int64_t{t} * kGradSplitElems;
+  float sq = 0.0f;
+  for (int e = threadIdx.x; e < kGradSplitElems; e += blockDim.x) {
+    int m, n;
+    if (e < kGradTile * kGradTile) {
+      m = tile.m0 + e / kGradTile;
+      n = tile.n0 + e % kGradTile;
+      if (m >= job.out || n >= job.in) continue;
     } else {
-      static_cast<T*>(job.dst)[d] = Round<P>(v);
+      m = tile.m0 + (e - kGradTile * kGradTile);
+      n = -1;
+      if (!bias_tile || m >= job.out) continue;
+    }
+    float v = src[e];
+    for (int sp = 1; sp < splits; ++sp) v += src[sp * stride + e];
+    if (n >= 0) {
+      job.dw[int64_t{m} * job.in + n] = v;
+    } else {
+      job.db[m] = v;
+    }
+    sq += v * v;
+  }
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, off);
+  if (lane == 0) warp_sq[warp] = sq;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < kWarps; ++w) total += warp_sq[w];
+    partials[t] = total;
+  }
+}
+
+// One job per blockIdx.y; its 32 x 32 tiles grid-strided over blockIdx.x.
+// A transposed tile goes through shared memory, so both the reads of src
+// rows and the writes of dst rows are coalesced.
+constexpr int kPackTile = 32;
+constexpr int kPackThreads = 256;
+
+template <int P>
+__device__ __forceinline__ void PackStore(const PackJob& job, int64_t d, float v) {
+  if (job.to_f32) {
+    static_cast<float*>(job.dst)[d] = v;
+  } else {
+    static_cast<Elem<P>*>(job.dst)[d] = Round<P>(v);
+  }
+}
+
+template <int P>
+__global__ void __launch_bounds__(kPackThreads) PackKernel(const PackProgram* __restrict__ prog) {
+  __shared__ float tile[kPackTile][kPackTile + 1];
+  const PackJob& job = prog->jobs[blockIdx.y];
+  const int tiles_c = (job.cols + kPackTile - 1) / kPackTile;
+  const int tiles = ((job.rows + kPackTile - 1) / kPackTile) * tiles_c;
+  const int tx = static_cast<int>(threadIdx.x) % kPackTile;
+  const int ty = static_cast<int>(threadIdx.x) / kPackTile;
+  constexpr int kRowStep = kPackThreads / kPackTile;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {  // uniform per block: barriers are safe
+    const int r0 = (t / tiles_c) * kPackTile;
+    const int c0 = (t % tiles_c) * kPackTile;
+    if (!job.transpose) {
+      for (int i = ty; i < kPackTile; i += kRowStep) {
+        const int r = r0 + i, c = c0 + tx;
+        if (r < job.rows && c < job.cols)
+          PackStore<P>(job, int64_t{r} * job.dst_ld + c, job.src[int64_t{r} * job.cols + c]);
+      }
+      continue;
+    }
+    __syncthreads();  // the previous tile's reads of `tile` are done
+    for (int i = ty; i < kPackTile; i += kRowStep) {
+      const int r = r0 + i, c = c0 + tx;
+      tile[i][tx] = r < job.rows && c < job.cols ? job.src[int64_t{r} * job.cols + c] : 0.0f;
+    }
+    __syncthreads();
+    for (int i = ty; i < kPackTile; i += kRowStep) {
+      const int c = c0 + i, r = r0 + tx;  // dst[c][r] = src[r][c]
+      if (r < job.rows && c < job.cols) PackStore<P>(job, int64_t{c} * job.dst_ld + r, tile[tx][i]);
     }
   }
 }
@@ -651,31 +744,52 @@ bool PlanGradTiles(GradProgram* p) {
 }
 
 template <int P>
-cudaError_t LaunchGrad(const GradProgram& p, const GradProgram* device_program, float* partials,
-                       cudaStream_t stream) {
+cudaError_t LaunchGrad(const GradProgram* device_program, float* partials, cudaStream_t stream, int first,
+                       int count, int splits) {
   constexpr size_t bytes = GradSharedBytes<P>();
   const cudaError_t err = cudaFuncSetAttribute(
       WeightGradKernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
-  WeightGradKernel<P><<<p.num_tiles, kFusedThreads, bytes, stream>>>(device_program, partials);
+  const dim3 grid(count, splits);
+  WeightGradKernel<P><<<grid, kFusedThreads, bytes, stream>>>(device_program, partials, first);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchWeightGrad(const GradProgram& p, const GradProgram* device_program, float* partials,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, int first_tile, int count) {
+  if (count < 0) count = p.num_tiles - first_tile;
+  if (first_tile < 0 || count < 0 || first_tile + count > p.num_tiles) return cudaErrorInvalidValue;
+  if (p.splits < 1 || p.splits > kMaxGradSplits ||
+      (p.splits > 1 && (p.split_partials == nullptr || p.split_rows % kFusedSlabK != 0 ||
+                        int64_t{p.split_rows} * p.splits < p.rows))) {
+    return cudaErrorInvalidValue;
+  }
+  if (count == 0) return cudaSuccess;
   switch (p.precision) {
-    case Precision::kBf16: return LaunchGrad<2>(p, device_program, partials, stream);
-    case Precision::kTf32: return LaunchGrad<1>(p, device_program, partials, stream);
-    default: return LaunchGrad<0>(p, device_program, partials, stream);
+    case Precision::kBf16: return LaunchGrad<2>(device_program, partials, stream, first_tile, count, p.splits);
+    case Precision::kTf32: return LaunchGrad<1>(device_program, partials, stream, first_tile, count, p.splits);
+    default: return LaunchGrad<0>(device_program, partials, stream, first_tile, count, p.splits);
   }
 }
 
+cudaError_t LaunchWeightGradReduce(const GradProgram& p, const GradProgram* device_program, float* partials,
+                                   cudaStream_t stream) {
+  if (p.splits <= 1 || p.num_tiles == 0) return cudaSuccess;
+  WeightGradReduceKernel<<<p.num_tiles, kFusedThreads, 0, stream>>>(device_program, partials);
+  return cudaGetLastError();
+}
+
+int GradSplits(int rows) {
+  constexpr int kMinSplitRows = 256;
+  return std::max(1, std::min(kMaxGradSplits / 2, rows / kMinSplitRows));
+}
+
 cudaError_t LaunchPack(const PackProgram& p, const PackProgram* device_program, cudaStream_t stream) {
-  const dim3 grid(128, p.num_jobs);  // ~1 element per thread at the h200 size
+  const dim3 grid(64, p.num_jobs);  // 64 tiles of 32 x 32 = a 256 x 256 layer in one pass
   switch (p.precision) {
-    case Precision::kBf16: PackKernel<2><<<grid, 256, 0, stream>>>(device_program); break;
-    case Precision::kTf32: PackKernel<1><<<grid, 256, 0, stream>>>(device_program); break;
-    default: PackKernel<0><<<grid, 256, 0, stream>>>(device_program); break;
+    case Precision::kBf16: PackKernel<2><<<grid, kPackThreads, 0, stream>>>(device_program); break;
+    case Precision::kTf32: PackKernel<1><<<grid, kPackThreads, 0, stream>>>(device_program); break;
+    default: PackKernel<0><<<grid, kPackThreads, 0, stream>>>(device_program); break;
   }
   return cudaGetLastError();
 }

@@ -127,6 +127,10 @@ struct GradTile {
 
 inline constexpr int kMaxGradJobs = 16;
 
+// Elements of one tile's split-K partial: the dW tile, then its db.
+inline constexpr int kGradSplitElems = kGradTile * kGradTile + kGradTile;
+inline constexpr int kMaxGradSplits = 8;
+
 struct GradProgram {
   Precision precision = Precision::kTf32;
   int rows = 0;
@@ -134,15 +138,36 @@ struct GradProgram {
   GradJob jobs[kMaxGradJobs];
   int num_tiles = 0;
   GradTile tiles[kMaxGradTiles];
+  // Split-K over the rows: with splits > 1, block (t, s) sums rows
+  // [s * split_rows, (s + 1) * split_rows) of tile t into
+  // split_partials[(s * num_tiles + t) * kGradSplitElems ..], and
+  // LaunchWeightGradReduce adds the splits in order s = 0, 1, ... into dW, db.
+  int splits = 1;
+  int split_rows = 0;  // a multiple of kFusedSlabK
+  float* split_partials = nullptr;
 };
+
+// Splits for `rows` rows: a tile's row loop is the kernel's critical path
+// (it runs one dependent K slab after another), so rows are cut into pieces
+// of at least 256; a fixed function of rows, so runs are bitwise repeatable.
+int GradSplits(int rows);
 
 // Tiles the jobs into kGradTile x kGradTile output blocks; false if more than kMaxGradTiles.
 bool PlanGradTiles(GradProgram* program);
-// Block t computes tile t over all rows in order and writes its elements,
-// and partials[t] = the sum of squares of everything it wrote (the first
-// stage of the global gradient norm; partials past num_tiles are untouched).
+// Block i computes tile t = first_tile + i (count tiles; count < 0: to
+// num_tiles) over all rows in order and writes its elements, and partials[t]
+// = the sum of squares of everything it wrote (the first stage of the
+// global gradient norm; other partials are untouched). Tiles are
+// independent, so a program may run as several launches over disjoint tile
+// ranges, even concurrently, with bitwise the same results.
 cudaError_t LaunchWeightGrad(const GradProgram& program, const GradProgram* device_program, float* partials,
-                             cudaStream_t stream);
+                             cudaStream_t stream, int first_tile = 0, int count = -1);
+// With splits > 1, after every LaunchWeightGrad of the program: per tile,
+// dW, db = the sum of its splits' partials in split order, and partials[t] =
+// the sum of squares of what it wrote (fixed-order tree). A no-op launch is
+// skipped when splits == 1.
+cudaError_t LaunchWeightGradReduce(const GradProgram& program, const GradProgram* device_program,
+                                   float* partials, cudaStream_t stream);
 
 // Packs fp32 source matrices into operand-type (or fp32) destinations.
 struct PackJob {
@@ -163,7 +188,8 @@ struct PackProgram {
   PackJob jobs[kMaxPackJobs];
 };
 
-// One launch: blockIdx.y = job, elements grid-strided. Padding is never
+// One launch: blockIdx.y = job, its 32 x 32 tiles grid-strided (transposed ones
+// through shared memory, coalesced both ways). Padding is never
 // written (the backend zeroes the destinations once).
 cudaError_t LaunchPack(const PackProgram& program, const PackProgram* device_program, cudaStream_t stream);
 

@@ -172,6 +172,8 @@ const Shape kShapes[] = {
     {"Odd", 6, {40}, 20, 51, {3, 2}, 37},
     {"H200", 48, {256, 256}, 128, 51, {5, 5, 5, 5}, 64},
     {"Deep", 4, {64, 96, 64}, 64, 11, {2}, 100},
+    // 600 rows: the weight gradients split over two row ranges (320 + 280).
+    {"Tall", 6, {40}, 20, 51, {3, 2}, 600},
 };
 
 TEST_P(FusedNetworkTest, ForwardAndGradientsMatchDoubleReference) {
@@ -189,6 +191,9 @@ TEST_P(FusedNetworkTest, ForwardAndGradientsMatchDoubleReference) {
   const NetworkSpec& spec = *spec_or;
   const int B = shape.batch;
   ASSERT_EQ(cuda::FusedNetwork::Unsupported(spec, B, prec, size_t{227} * 1024), "");
+  if (B >= 512) {
+    EXPECT_GT(kernels::GradSplits(B), 1) << "this shape is meant to split the weight gradients";
+  }
 
   std::mt19937_64 rng(std::random_device{}());
   // Params drawn like InitParams, then rounded to the operand type (the
@@ -303,7 +308,7 @@ TEST_P(FusedNetworkTest, ForwardAndGradientsMatchDoubleReference) {
 INSTANTIATE_TEST_SUITE_P(AllPrecisions, FusedNetworkTest,
                          ::testing::Combine(::testing::Values(Precision::kFp32, Precision::kTf32,
                                                               Precision::kBf16),
-                                            ::testing::Values(0, 1, 2)),
+                                            ::testing::Values(0, 1, 2, 3)),
                          [](const auto& info) {
                            return std::string(Name(std::get<0>(info.param))) + "_" +
                                   kShapes[std::get<1>(info.param)].name;
