@@ -427,7 +427,7 @@ def main() -> int:
     p.add_argument("--learner_batch", type=int, default=256)
     p.add_argument("--backend", default="cpu", help="qstreamd --backend (cpu|cuda|auto)")
     p.add_argument("--cpp_streams", type=int, default=1, help="streams per `qstream-bench load` process")
-    p.add_argument("--in_flight", type=int, default=8,
+    p.add_argument("--in_flight", type=int, default=32,
                    help="unacknowledged batches per stream (C++ load and the Python SDK's max_in_flight)")
     p.add_argument("--window_seconds", type=float, default=3)
     p.add_argument("--repeats", type=int, default=3)

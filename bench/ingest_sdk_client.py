@@ -4,7 +4,7 @@ qstream Python SDK as users call it (PYTHONPATH=clients/python).
 
     ingest_sdk_client.py --address=127.0.0.1:P --items_per_message=K
         --start_at=UNIX_SECONDS --window_seconds=S --repeats=R
-        [--max_in_flight=8] [--api=auto|writer|actor_client]
+        [--max_in_flight=32] [--api=auto|writer|actor_client]
 
 api=writer (auto when qstream.Writer exists): a vector env of K envs; each
 env step is one `Writer.append(obs [K, 48], action [K, 4], reward [K],
@@ -104,7 +104,7 @@ def main() -> int:
     p.add_argument("--start_at", type=float, default=0)
     p.add_argument("--window_seconds", type=float, default=3)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--max_in_flight", type=int, default=8)
+    p.add_argument("--max_in_flight", type=int, default=32)
     p.add_argument("--api", choices=["auto", "writer", "actor_client"], default="auto")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--buffered", action="store_true",

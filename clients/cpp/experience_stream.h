@@ -58,7 +58,7 @@ struct StreamTotals {
 class ExperienceStream {
  public:
   struct Options {
-    int max_in_flight = 8;
+    int max_in_flight = 32;
     // Sent with every batch; identifies the stream for resend de-duplication.
     std::string stream_id;
     // Give up when no call could be (re)established for this long.

@@ -50,7 +50,7 @@ ABSL_FLAG(double, stop_at_return, std::numeric_limits<double>::quiet_NaN(),
           "exit 0 once the mean return of the last --return_window episodes reaches this");
 ABSL_FLAG(int, return_window, 20, "episodes in the moving mean of returns");
 ABSL_FLAG(int, batch_transitions, 64, "transitions per TransitionBatch");
-ABSL_FLAG(int, max_in_flight, 8, "unacknowledged batches before sending blocks");
+ABSL_FLAG(int, max_in_flight, 32, "unacknowledged batches before sending blocks");
 ABSL_FLAG(double, report_every_s, 5, "seconds between progress lines");
 ABSL_FLAG(double, connect_timeout_s, 30, "how long to wait for the daemon's first policy");
 ABSL_FLAG(double, reconnect_timeout_s, 60, "give up when the daemon cannot be reached for this long");

@@ -155,7 +155,7 @@ def run_actor(
     stop_at_return: float | None = None,
     return_window: int = 20,
     batch_size: int = 256,
-    max_in_flight: int = 8,
+    max_in_flight: int = 32,
     max_delay: float | None = 0.02,
     report_every_s: float = 5.0,
     envs: Any = None,

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop_at_return", type=float, default=None, help="exit 0 once the mean return reaches this")
     p.add_argument("--return_window", type=int, default=20)
     p.add_argument("--batch_size", type=int, default=256, help="transitions per TransitionBatch")
-    p.add_argument("--max_in_flight", type=int, default=8)
+    p.add_argument("--max_in_flight", type=int, default=32)
     p.add_argument("--report_every_s", type=float, default=5.0)
     p.add_argument("--tls_ca", help="PEM CA certificate the daemon's certificate is verified against; enables TLS")
     p.add_argument("--tls_cert", help="PEM client certificate, for a daemon that requires them (mTLS); with --tls_key")

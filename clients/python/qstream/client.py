@@ -42,7 +42,7 @@ class ActorClient:
         *,
         stream_id: str | None = None,
         batch_size: int = 256,
-        max_in_flight: int = 8,
+        max_in_flight: int = 32,
         max_backoff_s: float = 5.0,
         reconnect_timeout_s: float = 60.0,
         on_ack: Callable[[experience_pb2.Ack, StreamStats], None] | None = None,

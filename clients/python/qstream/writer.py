@@ -138,7 +138,7 @@ class Writer:
         num_branches: int | None = None,
         max_batch: int = 512,
         max_delay: float | None = 0.02,
-        max_in_flight: int = 8,
+        max_in_flight: int = 32,
         block: bool = True,
         step_stream: bool = True,
         stream_id: str | None = None,
