@@ -60,7 +60,7 @@ def _rate(fn, seconds: float) -> tuple[float, int]:
             return n / elapsed, n
 
 
-def bench(max_batch: int, num_envs: int, chained: bool, seconds: float) -> dict:
+def bench(max_batch: int, num_envs: int, stream: bool, seconds: float) -> dict:
     rng = np.random.default_rng(0)
     shape = (OBS_DIM,) if num_envs == 1 else (num_envs, OBS_DIM)
     obs = rng.normal(size=shape).astype(np.float32)
@@ -69,7 +69,7 @@ def bench(max_batch: int, num_envs: int, chained: bool, seconds: float) -> dict:
     reward = np.float32(1.0) if num_envs == 1 else np.ones(num_envs, np.float32)
     flags = False if num_envs == 1 else np.zeros(num_envs, bool)
     w, sink = _writer(max_batch)
-    if chained:
+    if stream:  # next_obs not given: the step-stream form (the next append brings it)
         def step():
             w.append(obs, action, reward, flags, flags)
     else:
@@ -110,10 +110,10 @@ def main() -> None:
     print(f"{'max_batch':>9} {'envs':>4} {'next_obs':>9} {'appends':>10} {'transitions':>12} {'batches':>9} "
           f"{'bytes/batch':>11}")
     for max_batch in (1, 64, 1024):
-        for num_envs, chained in ((1, False), (1, True), (16, False)):
-            r = max((bench(max_batch, num_envs, chained, a.seconds) for _ in range(a.repeats)),
+        for num_envs, stream in ((1, False), (1, True), (16, False)):
+            r = max((bench(max_batch, num_envs, stream, a.seconds) for _ in range(a.repeats)),
                     key=lambda r: r["appends_per_s"])
-            print(f"{max_batch:>9} {num_envs:>4} {'chained' if chained else 'given':>9} {r['appends_per_s']:>10.0f} "
+            print(f"{max_batch:>9} {num_envs:>4} {'stream' if stream else 'given':>9} {r['appends_per_s']:>10.0f} "
                   f"{r['transitions_per_s']:>12.0f} {r['batches_per_s']:>9.0f} {r['bytes_per_batch']:>11.0f}")
     print("\nflush alone (a full buffer encoded to wire bytes):")
     for max_batch in (1, 64, 1024):
