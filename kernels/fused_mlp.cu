@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "kernels/warp_reduce.cuh"
+
 namespace qstream::kernels {
 namespace {
 
@@ -436,6 +438,11 @@ constexpr size_t GradSharedBytes() {
   return sizeof(Elem<P>) * GradStages<P>() * 2 * kFusedSlabK * kGLd;
 }
 
+// db[m] of a bias tile: its four row-quarter column sums, added in order.
+__device__ __forceinline__ float QuarterSum(const float* colsum, int m) {
+  return ((colsum[m] + colsum[m + kGradTile]) + colsum[m + 2 * kGradTile]) + colsum[m + 3 * kGradTile];
+}
+
 template <int P>
 __global__ void __launch_bounds__(kFusedThreads)
     WeightGradKernel(const GradProgram* __restrict__ prog, float* __restrict__ partials, int first_tile) {
@@ -462,7 +469,8 @@ __global__ void __launch_bounds__(kFusedThreads)
   const T* x = static_cast<const T*>(job.x) + int64_t{row_begin} * job.x_ld + tile.n0;
   // Split-K: this block's partial tile, [m][n] then db[m], all elements written.
   float* split_out =
-      split_k ? prog->split_partials + (int64_t{split} * prog->num_tiles + tile_index) * kGradSplitElems : nullptr;
+      split_k ? prog->split_partials + (int64_t{split} * prog->num_tiles + tile_index) * kGradSplitElems
+              : nullptr;
   const bool bias_tile = tile.n0 == 0;
   const int slabs = (rows + kFusedSlabK - 1) / kFusedSlabK;
   auto a_of = [&](int slot) { return stages + slot * 2 * kFusedSlabK * kGLd; };
@@ -568,8 +576,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     __syncthreads();
     if (bias_tile && threadIdx.x < kGradTile) {
       const int m = threadIdx.x;
-      split_out[kGradTile * kGradTile + m] =
-          ((colsum[m] + colsum[m + kGradTile]) + colsum[m + 2 * kGradTile]) + colsum[m + 3 * kGradTile];
+      split_out[kGradTile * kGradTile + m] = QuarterSum(colsum, m);
     }
     return;  // the reduce writes dW, db and the norm partial
   }
@@ -583,8 +590,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     for (int w = 0; w < kWarps; ++w) total += warp_sq[w];
     if (bias_tile) {
       for (int m = 0; m < kGradTile && tile.m0 + m < job.out; ++m) {
-        const float v =
-            ((colsum[m] + colsum[m + kGradTile]) + colsum[m + 2 * kGradTile]) + colsum[m + 3 * kGradTile];
+        const float v = QuarterSum(colsum, m);
         job.db[tile.m0 + m] = v;
         total += v * v;
       }
@@ -628,17 +634,8 @@ __global__ void __launch_bounds__(kFusedThreads)
     }
     sq += v * v;
   }
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, off);
-  if (lane == 0) warp_sq[warp] = sq;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int w = 0; w < kWarps; ++w) total += warp_sq[w];
-    partials[t] = total;
-  }
+  const float total = BlockSum(sq, warp_sq);
+  if (threadIdx.x == 0) partials[t] = total;
 }
 
 // One job per blockIdx.y; its 32 x 32 tiles grid-strided over blockIdx.x.
@@ -766,8 +763,10 @@ cudaError_t LaunchWeightGrad(const GradProgram& p, const GradProgram* device_pro
   }
   if (count == 0) return cudaSuccess;
   switch (p.precision) {
-    case Precision::kBf16: return LaunchGrad<2>(device_program, partials, stream, first_tile, count, p.splits);
-    case Precision::kTf32: return LaunchGrad<1>(device_program, partials, stream, first_tile, count, p.splits);
+    case Precision::kBf16:
+      return LaunchGrad<2>(device_program, partials, stream, first_tile, count, p.splits);
+    case Precision::kTf32:
+      return LaunchGrad<1>(device_program, partials, stream, first_tile, count, p.splits);
     default: return LaunchGrad<0>(device_program, partials, stream, first_tile, count, p.splits);
   }
 }

@@ -393,11 +393,13 @@ absl::Status FusedNetwork::EnqueueBackward(cudaStream_t stream) const {
   // Fork: the output layers' dW, db (from the loss's d logits) on the side stream.
   QS_CUDA_CHECK(cudaEventRecord(fork_.get(), stream));
   QS_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), fork_.get(), 0));
-  QS_CUDA_CHECK(kernels::LaunchWeightGrad(grad_, d_grad_.get(), norm_partials_, side_.get(), output_first_tile_));
+  QS_CUDA_CHECK(
+      kernels::LaunchWeightGrad(grad_, d_grad_.get(), norm_partials_, side_.get(), output_first_tile_));
   QS_CUDA_CHECK(cudaEventRecord(join_.get(), side_.get()));
   // Meanwhile the data-gradient chain, then the other layers' dW, db.
   QS_CUDA_CHECK(kernels::LaunchFusedChain(backward_, d_backward_.get(), stream));
-  QS_CUDA_CHECK(kernels::LaunchWeightGrad(grad_, d_grad_.get(), norm_partials_, stream, 0, output_first_tile_));
+  QS_CUDA_CHECK(
+      kernels::LaunchWeightGrad(grad_, d_grad_.get(), norm_partials_, stream, 0, output_first_tile_));
   // Join: every tile (or split) is written before the reduce and the finalize read them.
   QS_CUDA_CHECK(cudaStreamWaitEvent(stream, join_.get(), 0));
   QS_CUDA_CHECK(kernels::LaunchWeightGradReduce(grad_, d_grad_.get(), norm_partials_, stream));

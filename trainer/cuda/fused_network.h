@@ -95,7 +95,7 @@ class FusedNetwork {
   DeviceBuffer<kernels::GradProgram> d_grad_;
   float* norm_partials_ = nullptr;
   DeviceBuffer<float> split_partials_;  // split-K partials (grad_.splits > 1)
-  int output_first_tile_ = 0;  // grad_ tiles [output_first_tile_, num_tiles): the output layers
+  int output_first_tile_ = 0;           // grad_ tiles [output_first_tile_, num_tiles): the output layers
   Stream side_;
   Event fork_, join_;
 };
