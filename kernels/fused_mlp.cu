@@ -3,10 +3,7 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
-#include <algorithm>
 #include <type_traits>
-
-#include "kernels/warp_reduce.cuh"
 
 namespace qstream::kernels {
 namespace {
@@ -459,18 +456,11 @@ __global__ void __launch_bounds__(kFusedThreads)
   const int tile_index = first_tile + static_cast<int>(blockIdx.x);
   const GradTile tile = prog->tiles[tile_index];
   const GradJob job = prog->jobs[tile.job];
-  const int split = static_cast<int>(blockIdx.y);
-  const bool split_k = prog->splits > 1;
-  const int row_begin = split_k ? split * prog->split_rows : 0;
-  const int rows = split_k ? min(prog->rows - row_begin, prog->split_rows) : prog->rows;
+  const int rows = prog->rows;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const T* dy = static_cast<const T*>(job.dy) + int64_t{row_begin} * job.dy_ld + tile.m0;
-  const T* x = static_cast<const T*>(job.x) + int64_t{row_begin} * job.x_ld + tile.n0;
-  // Split-K: this block's partial tile, [m][n] then db[m], all elements written.
-  float* split_out =
-      split_k ? prog->split_partials + (int64_t{split} * prog->num_tiles + tile_index) * kGradSplitElems
-              : nullptr;
+  const T* dy = static_cast<const T*>(job.dy) + tile.m0;
+  const T* x = static_cast<const T*>(job.x) + tile.n0;
   const bool bias_tile = tile.n0 == 0;
   const int slabs = (rows + kFusedSlabK - 1) / kFusedSlabK;
   auto a_of = [&](int slot) { return stages + slot * 2 * kFusedSlabK * kGLd; };
@@ -547,9 +537,7 @@ __global__ void __launch_bounds__(kFusedThreads)
 
   float sq = 0.0f;
   auto emit = [&](int m, int n, float v) {
-    if (split_out != nullptr) {
-      split_out[(m - tile.m0) * kGradTile + (n - tile.n0)] = v;
-    } else if (m < job.out && n < job.in) {
+    if (m < job.out && n < job.in) {
       job.dw[int64_t{m} * job.in + n] = v;
       sq += v * v;
     }
@@ -572,14 +560,6 @@ __global__ void __launch_bounds__(kFusedThreads)
       for (int j = 0; j < 4; ++j) emit(tile.m0 + ty * 4 + i, tile.n0 + tx * 4 + j, sacc[i][j]);
   }
   if (bias_tile) colsum[threadIdx.x] = bias_sum;
-  if (split_out != nullptr) {
-    __syncthreads();
-    if (bias_tile && threadIdx.x < kGradTile) {
-      const int m = threadIdx.x;
-      split_out[kGradTile * kGradTile + m] = QuarterSum(colsum, m);
-    }
-    return;  // the reduce writes dW, db and the norm partial
-  }
     // Fixed-order block sum of squares: warp trees, then warp 0 over the warps.
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, off);
@@ -600,43 +580,6 @@ __global__ void __launch_bounds__(kFusedThreads)
 }
 
 // ---------------------------------------------------------------------------
-
-// Split-K reduce: block t sums tile t's splits in order into dW, db and
-// writes partials[t] (thread sums, then warp trees, then warp 0 in order).
-__global__ void __launch_bounds__(kFusedThreads)
-    WeightGradReduceKernel(const GradProgram* __restrict__ prog, float* __restrict__ partials) {
-  __shared__ float warp_sq[kWarps];
-  const int t = static_cast<int>(blockIdx.x);
-  const GradTile tile = prog->tiles[t];
-  const GradJob job = prog->jobs[tile.job];
-  const bool bias_tile = tile.n0 == 0;
-  const int splits = prog->splits;
-  const int64_t stride = int64_t{prog->num_tiles} * kGradSplitElems;
-  const float* src = prog->split_partials + int64_t{t} * kGradSplitElems;
-  float sq = 0.0f;
-  for (int e = threadIdx.x; e < kGradSplitElems; e += blockDim.x) {
-    int m, n;
-    if (e < kGradTile * kGradTile) {
-      m = tile.m0 + e / kGradTile;
-      n = tile.n0 + e % kGradTile;
-      if (m >= job.out || n >= job.in) continue;
-    } else {
-      m = tile.m0 + (e - kGradTile * kGradTile);
-      n = -1;
-      if (!bias_tile || m >= job.out) continue;
-    }
-    float v = src[e];
-    for (int sp = 1; sp < splits; ++sp) v += src[sp * stride + e];
-    if (n >= 0) {
-      job.dw[int64_t{m} * job.in + n] = v;
-    } else {
-      job.db[m] = v;
-    }
-    sq += v * v;
-  }
-  const float total = BlockSum(sq, warp_sq);
-  if (threadIdx.x == 0) partials[t] = total;
-}
 
 // One job per blockIdx.y; its 32 x 32 tiles grid-strided over blockIdx.x.
 // A transposed tile goes through shared memory, so both the reads of src
@@ -742,13 +685,12 @@ bool PlanGradTiles(GradProgram* p) {
 
 template <int P>
 cudaError_t LaunchGrad(const GradProgram* device_program, float* partials, cudaStream_t stream, int first,
-                       int count, int splits) {
+                       int count) {
   constexpr size_t bytes = GradSharedBytes<P>();
   const cudaError_t err = cudaFuncSetAttribute(
       WeightGradKernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
-  const dim3 grid(count, splits);
-  WeightGradKernel<P><<<grid, kFusedThreads, bytes, stream>>>(device_program, partials, first);
+  WeightGradKernel<P><<<count, kFusedThreads, bytes, stream>>>(device_program, partials, first);
   return cudaGetLastError();
 }
 
@@ -756,31 +698,12 @@ cudaError_t LaunchWeightGrad(const GradProgram& p, const GradProgram* device_pro
                              cudaStream_t stream, int first_tile, int count) {
   if (count < 0) count = p.num_tiles - first_tile;
   if (first_tile < 0 || count < 0 || first_tile + count > p.num_tiles) return cudaErrorInvalidValue;
-  if (p.splits < 1 || p.splits > kMaxGradSplits ||
-      (p.splits > 1 && (p.split_partials == nullptr || p.split_rows % kFusedSlabK != 0 ||
-                        int64_t{p.split_rows} * p.splits < p.rows))) {
-    return cudaErrorInvalidValue;
-  }
   if (count == 0) return cudaSuccess;
   switch (p.precision) {
-    case Precision::kBf16:
-      return LaunchGrad<2>(device_program, partials, stream, first_tile, count, p.splits);
-    case Precision::kTf32:
-      return LaunchGrad<1>(device_program, partials, stream, first_tile, count, p.splits);
-    default: return LaunchGrad<0>(device_program, partials, stream, first_tile, count, p.splits);
+    case Precision::kBf16: return LaunchGrad<2>(device_program, partials, stream, first_tile, count);
+    case Precision::kTf32: return LaunchGrad<1>(device_program, partials, stream, first_tile, count);
+    default: return LaunchGrad<0>(device_program, partials, stream, first_tile, count);
   }
-}
-
-cudaError_t LaunchWeightGradReduce(const GradProgram& p, const GradProgram* device_program, float* partials,
-                                   cudaStream_t stream) {
-  if (p.splits <= 1 || p.num_tiles == 0) return cudaSuccess;
-  WeightGradReduceKernel<<<p.num_tiles, kFusedThreads, 0, stream>>>(device_program, partials);
-  return cudaGetLastError();
-}
-
-int GradSplits(int rows) {
-  constexpr int kMinSplitRows = 256;
-  return std::max(1, std::min(kMaxGradSplits / 2, rows / kMinSplitRows));
 }
 
 cudaError_t LaunchPack(const PackProgram& p, const PackProgram* device_program, cudaStream_t stream) {

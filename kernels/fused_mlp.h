@@ -127,10 +127,6 @@ struct GradTile {
 
 inline constexpr int kMaxGradJobs = 16;
 
-// Elements of one tile's split-K partial: the dW tile, then its db.
-inline constexpr int kGradSplitElems = kGradTile * kGradTile + kGradTile;
-inline constexpr int kMaxGradSplits = 8;
-
 struct GradProgram {
   Precision precision = Precision::kTf32;
   int rows = 0;
@@ -138,19 +134,7 @@ struct GradProgram {
   GradJob jobs[kMaxGradJobs];
   int num_tiles = 0;
   GradTile tiles[kMaxGradTiles];
-  // Split-K over the rows: with splits > 1, block (t, s) sums rows
-  // [s * split_rows, (s + 1) * split_rows) of tile t into
-  // split_partials[(s * num_tiles + t) * kGradSplitElems ..], and
-  // LaunchWeightGradReduce adds the splits in order s = 0, 1, ... into dW, db.
-  int splits = 1;
-  int split_rows = 0;  // a multiple of kFusedSlabK
-  float* split_partials = nullptr;
 };
-
-// Splits for `rows` rows: a tile's row loop is the kernel's critical path
-// (it runs one dependent K slab after another), so rows are cut into pieces
-// of at least 256; a fixed function of rows, so runs are bitwise repeatable.
-int GradSplits(int rows);
 
 // Tiles the jobs into kGradTile x kGradTile output blocks; false if more than kMaxGradTiles.
 bool PlanGradTiles(GradProgram* program);
@@ -162,12 +146,6 @@ bool PlanGradTiles(GradProgram* program);
 // ranges, even concurrently, with bitwise the same results.
 cudaError_t LaunchWeightGrad(const GradProgram& program, const GradProgram* device_program, float* partials,
                              cudaStream_t stream, int first_tile = 0, int count = -1);
-// With splits > 1, after every LaunchWeightGrad of the program: per tile,
-// dW, db = the sum of its splits' partials in split order, and partials[t] =
-// the sum of squares of what it wrote (fixed-order tree). A no-op launch is
-// skipped when splits == 1.
-cudaError_t LaunchWeightGradReduce(const GradProgram& program, const GradProgram* device_program,
-                                   float* partials, cudaStream_t stream);
 
 // Packs fp32 source matrices into operand-type (or fp32) destinations.
 struct PackJob {

@@ -348,14 +348,6 @@ absl::Status FusedNetwork::Init(const NetworkSpec& spec, int batch, kernels::Pre
   grad_job(spec.adv_out, da_.get(), azp_, azp_, Offset(h_op_.get(), hp_, elem_), hh, hp_);
   if (!kernels::PlanGradTiles(&grad_))
     return absl::InternalError("fused network: too many weight-gradient tiles");
-  grad_.splits = kernels::GradSplits(B);
-  if (grad_.splits > 1) {
-    const int per = (B + grad_.splits - 1) / grad_.splits;
-    grad_.split_rows = (per + kernels::kFusedSlabK - 1) / kernels::kFusedSlabK * kernels::kFusedSlabK;
-    QS_RETURN_IF_ERROR(
-        split_partials_.Allocate(size_t(grad_.splits) * grad_.num_tiles * kernels::kGradSplitElems));
-    grad_.split_partials = split_partials_.get();
-  }
   // Tiles are planned job by job, so the output layers' are the last ones.
   output_first_tile_ = grad_.num_tiles;
   while (output_first_tile_ > 0 && grad_.tiles[output_first_tile_ - 1].job >= first_output_job) {
@@ -400,9 +392,8 @@ absl::Status FusedNetwork::EnqueueBackward(cudaStream_t stream) const {
   QS_CUDA_CHECK(kernels::LaunchFusedChain(backward_, d_backward_.get(), stream));
   QS_CUDA_CHECK(
       kernels::LaunchWeightGrad(grad_, d_grad_.get(), norm_partials_, stream, 0, output_first_tile_));
-  // Join: every tile (or split) is written before the reduce and the finalize read them.
+  // Join: every partial is written before the finalize reads them.
   QS_CUDA_CHECK(cudaStreamWaitEvent(stream, join_.get(), 0));
-  QS_CUDA_CHECK(kernels::LaunchWeightGradReduce(grad_, d_grad_.get(), norm_partials_, stream));
   return absl::OkStatus();
 }
 

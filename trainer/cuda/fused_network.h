@@ -4,8 +4,6 @@
 //   Forward   one chain kernel: online on s, online on s', target on s'
 //   Backward  one chain kernel: data gradients of every layer on the s rows
 //   WeightGrad one kernel: dW, db of every layer, and the grad-norm partials
-//              (from 512 rows on, split over the rows: one block per tile
-//              and row range, then a reduce kernel adds the ranges in order)
 // with every kernel argument built once here, at set-up. The output layers'
 // weight gradients need only the loss's d logits, so they run on a side
 // stream beside the data-gradient chain (a fork in the captured graph; that
@@ -94,7 +92,6 @@ class FusedNetwork {
   DeviceBuffer<kernels::FusedProgram> d_forward_, d_backward_;
   DeviceBuffer<kernels::GradProgram> d_grad_;
   float* norm_partials_ = nullptr;
-  DeviceBuffer<float> split_partials_;  // split-K partials (grad_.splits > 1)
   int output_first_tile_ = 0;           // grad_ tiles [output_first_tile_, num_tiles): the output layers
   Stream side_;
   Event fork_, join_;
