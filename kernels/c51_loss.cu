@@ -76,10 +76,6 @@ __device__ __forceinline__ float SoftmaxQ(const HeadShape& h, float mx, int lane
   return WarpSum(q);
 }
 
-// kAtomsPerLane = ceil(Z / 32) rounded to a power of two: the atom loops are
-// unrolled over that many register slots per lane, no more. kOptions: label
-// smoothing or the MSE blend is configured; without them the options' code
-// is compiled out, so the plain CE costs no registers or branches for them.
 // The sample's six logit rows (V and A on s, s' and the target's s'), copied
 // into shared memory by the whole block before the branch loops, which then
 // read them several times over at shared-memory latency. Without it, every
@@ -119,6 +115,10 @@ __device__ __forceinline__ void StageRows(StagedRows* r, int Z, int AZ, float* _
   __syncthreads();
 }
 
+// kAtomsPerLane = ceil(Z / 32) rounded to a power of two: the atom loops are
+// unrolled over that many register slots per lane, no more. kOptions: label
+// smoothing or the MSE blend is configured; without them the options' code
+// is compiled out, so the plain CE costs no registers or branches for them.
 template <int kAtomsPerLane, bool kOptions>
 __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a, bool staged) {
   extern __shared__ float smem[];

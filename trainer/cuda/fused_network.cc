@@ -343,19 +343,10 @@ absl::Status FusedNetwork::Init(const NetworkSpec& spec, int batch, kernels::Pre
   }
   grad_job(spec.value_hidden, dh_.get(), hh, hp_, t_op_[L - 1].get(), topp, topp);
   grad_job(spec.adv_hidden, Offset(dh_.get(), hp_, elem_), hh, hp_, t_op_[L - 1].get(), topp, topp);
-  const int first_output_job = grad_.num_jobs;
   grad_job(spec.value_out, dv_.get(), zp_, zp_, h_op_.get(), hh, hp_);
   grad_job(spec.adv_out, da_.get(), azp_, azp_, Offset(h_op_.get(), hp_, elem_), hh, hp_);
   if (!kernels::PlanGradTiles(&grad_))
     return absl::InternalError("fused network: too many weight-gradient tiles");
-  // Tiles are planned job by job, so the output layers' are the last ones.
-  output_first_tile_ = grad_.num_tiles;
-  while (output_first_tile_ > 0 && grad_.tiles[output_first_tile_ - 1].job >= first_output_job) {
-    --output_first_tile_;
-  }
-  QS_RETURN_IF_ERROR(CreateStream(&side_));
-  QS_RETURN_IF_ERROR(CreateEvent(&fork_, /*timing=*/false));
-  QS_RETURN_IF_ERROR(CreateEvent(&join_, /*timing=*/false));
 
   QS_RETURN_IF_ERROR(d_pack_.Allocate(1));
   QS_RETURN_IF_ERROR(d_forward_.Allocate(1));
@@ -382,18 +373,8 @@ absl::Status FusedNetwork::EnqueueForward(cudaStream_t stream) const {
 }
 
 absl::Status FusedNetwork::EnqueueBackward(cudaStream_t stream) const {
-  // Fork: the output layers' dW, db (from the loss's d logits) on the side stream.
-  QS_CUDA_CHECK(cudaEventRecord(fork_.get(), stream));
-  QS_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), fork_.get(), 0));
-  QS_CUDA_CHECK(
-      kernels::LaunchWeightGrad(grad_, d_grad_.get(), norm_partials_, side_.get(), output_first_tile_));
-  QS_CUDA_CHECK(cudaEventRecord(join_.get(), side_.get()));
-  // Meanwhile the data-gradient chain, then the other layers' dW, db.
   QS_CUDA_CHECK(kernels::LaunchFusedChain(backward_, d_backward_.get(), stream));
-  QS_CUDA_CHECK(
-      kernels::LaunchWeightGrad(grad_, d_grad_.get(), norm_partials_, stream, 0, output_first_tile_));
-  // Join: every partial is written before the finalize reads them.
-  QS_CUDA_CHECK(cudaStreamWaitEvent(stream, join_.get(), 0));
+  QS_CUDA_CHECK(kernels::LaunchWeightGrad(grad_, d_grad_.get(), norm_partials_, stream));
   return absl::OkStatus();
 }
 

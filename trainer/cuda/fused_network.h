@@ -1,14 +1,10 @@
 // The network passes of the CUDA step on the fused path (kernels/fused_mlp.h):
-// steps 3 and 8 of the learner step as these launches,
+// steps 3 and 8 of the learner step as four launches,
 //   Pack      fp32 master parameters -> padded operand copies (online, target)
 //   Forward   one chain kernel: online on s, online on s', target on s'
 //   Backward  one chain kernel: data gradients of every layer on the s rows
 //   WeightGrad one kernel: dW, db of every layer, and the grad-norm partials
-// with every kernel argument built once here, at set-up. The output layers'
-// weight gradients need only the loss's d logits, so they run on a side
-// stream beside the data-gradient chain (a fork in the captured graph; that
-// chain fills about half the SMs at 16 rows per block), and the other
-// layers' after it.
+// with every kernel argument built once here, at set-up.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -54,9 +50,7 @@ class FusedNetwork {
 
   absl::Status EnqueuePack(cudaStream_t stream) const;
   absl::Status EnqueueForward(cudaStream_t stream) const;
-  // Data gradients, then weight gradients; the output layers' beside the
-  // data gradients on the side stream, joined back into `stream`.
-  absl::Status EnqueueBackward(cudaStream_t stream) const;
+  absl::Status EnqueueBackward(cudaStream_t stream) const;  // data gradients, then weight gradients
 
   // Logits, fp32: rows [0,B) online on s, [B,2B) online on s', [2B,3B) target on s'.
   const float* value_logits() const { return v_logits_.get(); }
@@ -92,9 +86,6 @@ class FusedNetwork {
   DeviceBuffer<kernels::FusedProgram> d_forward_, d_backward_;
   DeviceBuffer<kernels::GradProgram> d_grad_;
   float* norm_partials_ = nullptr;
-  int output_first_tile_ = 0;           // grad_ tiles [output_first_tile_, num_tiles): the output layers
-  Stream side_;
-  Event fork_, join_;
 };
 
 }  // namespace qstream::cuda
