@@ -435,14 +435,9 @@ constexpr size_t GradSharedBytes() {
   return sizeof(Elem<P>) * GradStages<P>() * 2 * kFusedSlabK * kGLd;
 }
 
-// db[m] of a bias tile: its four row-quarter column sums, added in order.
-__device__ __forceinline__ float QuarterSum(const float* colsum, int m) {
-  return ((colsum[m] + colsum[m + kGradTile]) + colsum[m + 2 * kGradTile]) + colsum[m + 3 * kGradTile];
-}
-
 template <int P>
 __global__ void __launch_bounds__(kFusedThreads)
-    WeightGradKernel(const GradProgram* __restrict__ prog, float* __restrict__ partials, int first_tile) {
+    WeightGradKernel(const GradProgram* __restrict__ prog, float* __restrict__ partials) {
   using T = Elem<P>;
   constexpr bool kTensor = P != int(Precision::kFp32);
   constexpr int kK = P == int(Precision::kBf16) ? 16 : 8;
@@ -453,8 +448,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   __shared__ __align__(128) float c_stage[kWarps][16 * kStageLd];
   __shared__ float colsum[kFusedThreads];
   __shared__ float warp_sq[kWarps];
-  const int tile_index = first_tile + static_cast<int>(blockIdx.x);
-  const GradTile tile = prog->tiles[tile_index];
+  const GradTile tile = prog->tiles[blockIdx.x];
   const GradJob job = prog->jobs[tile.job];
   const int rows = prog->rows;
   const int warp = threadIdx.x / 32;
@@ -570,12 +564,13 @@ __global__ void __launch_bounds__(kFusedThreads)
     for (int w = 0; w < kWarps; ++w) total += warp_sq[w];
     if (bias_tile) {
       for (int m = 0; m < kGradTile && tile.m0 + m < job.out; ++m) {
-        const float v = QuarterSum(colsum, m);
+        const float v =
+            ((colsum[m] + colsum[m + kGradTile]) + colsum[m + 2 * kGradTile]) + colsum[m + 3 * kGradTile];
         job.db[tile.m0 + m] = v;
         total += v * v;
       }
     }
-    partials[tile_index] = total;
+    partials[blockIdx.x] = total;
   }
 }
 
@@ -684,25 +679,22 @@ bool PlanGradTiles(GradProgram* p) {
 }
 
 template <int P>
-cudaError_t LaunchGrad(const GradProgram* device_program, float* partials, cudaStream_t stream, int first,
-                       int count) {
+cudaError_t LaunchGrad(const GradProgram& p, const GradProgram* device_program, float* partials,
+                       cudaStream_t stream) {
   constexpr size_t bytes = GradSharedBytes<P>();
   const cudaError_t err = cudaFuncSetAttribute(
       WeightGradKernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
-  WeightGradKernel<P><<<count, kFusedThreads, bytes, stream>>>(device_program, partials, first);
+  WeightGradKernel<P><<<p.num_tiles, kFusedThreads, bytes, stream>>>(device_program, partials);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchWeightGrad(const GradProgram& p, const GradProgram* device_program, float* partials,
-                             cudaStream_t stream, int first_tile, int count) {
-  if (count < 0) count = p.num_tiles - first_tile;
-  if (first_tile < 0 || count < 0 || first_tile + count > p.num_tiles) return cudaErrorInvalidValue;
-  if (count == 0) return cudaSuccess;
+                             cudaStream_t stream) {
   switch (p.precision) {
-    case Precision::kBf16: return LaunchGrad<2>(device_program, partials, stream, first_tile, count);
-    case Precision::kTf32: return LaunchGrad<1>(device_program, partials, stream, first_tile, count);
-    default: return LaunchGrad<0>(device_program, partials, stream, first_tile, count);
+    case Precision::kBf16: return LaunchGrad<2>(p, device_program, partials, stream);
+    case Precision::kTf32: return LaunchGrad<1>(p, device_program, partials, stream);
+    default: return LaunchGrad<0>(p, device_program, partials, stream);
   }
 }
 

@@ -138,14 +138,11 @@ struct GradProgram {
 
 // Tiles the jobs into kGradTile x kGradTile output blocks; false if more than kMaxGradTiles.
 bool PlanGradTiles(GradProgram* program);
-// Block i computes tile t = first_tile + i (count tiles; count < 0: to
-// num_tiles) over all rows in order and writes its elements, and partials[t]
-// = the sum of squares of everything it wrote (the first stage of the
-// global gradient norm; other partials are untouched). Tiles are
-// independent, so a program may run as several launches over disjoint tile
-// ranges, even concurrently, with bitwise the same results.
+// Block t computes tile t over all rows in order and writes its elements,
+// and partials[t] = the sum of squares of everything it wrote (the first
+// stage of the global gradient norm; partials past num_tiles are untouched).
 cudaError_t LaunchWeightGrad(const GradProgram& program, const GradProgram* device_program, float* partials,
-                             cudaStream_t stream, int first_tile = 0, int count = -1);
+                             cudaStream_t stream);
 
 // Packs fp32 source matrices into operand-type (or fp32) destinations.
 struct PackJob {
