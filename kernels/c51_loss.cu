@@ -4,6 +4,7 @@
 #include <mma.h>
 
 #include "common/step_constants.h"
+#include "kernels/is_weight.cuh"
 #include "kernels/warp_reduce.cuh"
 
 namespace qstream::kernels {
@@ -142,6 +143,8 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a, 
   float* st_bad = st_qsum + NB;
   float* st_mse = st_bad + NB;
 
+  __shared__ float sh_wmax[kLossWarps];
+  const float w_max = MaxIsWeight(a.weights, B, sh_wmax);
   StagedRows rows{a.online_v + int64_t{b} * Z,     a.online_a + int64_t{b} * AZ,
                   a.online_v + int64_t{B + b} * Z, a.online_a + int64_t{B + b} * AZ,
                   a.target_v + int64_t{b} * Z,     a.target_a + int64_t{b} * AZ};
@@ -154,7 +157,7 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a, 
   const float* a_t = rows.a_t;
   const float reward = a.rewards[b];
   const float discount = a.discounts[b];
-  const float coef = a.weights[b] / (static_cast<float>(B) * NB);
+  const float coef = (a.weights[b] / w_max) / (static_cast<float>(B) * NB);
   // Loss options: the same on every thread, so the branches below are uniform.
   const float eps = a.options.label_smoothing;
   const float alpha =

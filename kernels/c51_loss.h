@@ -44,7 +44,7 @@ struct C51LossArgs {
   const int32_t* actions = nullptr; // B x num_branches
   const float* rewards = nullptr;   // B
   const float* discounts = nullptr; // B
-  const float* weights = nullptr;   // B, IS weights
+  const float* weights = nullptr;   // B, raw IS weights (per_sample.h): w_b / max(0, max w) is used
   LossOptions options;
   // Reads t (steps before the running one) for the blend's alpha; the
   // finalize kernel advances it after this kernel. Null: t = 0.

@@ -1,29 +1,23 @@
 #include "kernels/per_sample.h"
 
-#include <cub/device/device_scan.cuh>
-#include <thrust/iterator/transform_iterator.h>
-
 #include <cmath>
 
 #include "common/rng.h"
-#include "kernels/warp_reduce.cuh"
 
 namespace qstream::kernels {
 namespace {
 
+constexpr int kChunkThreads = 256;
 constexpr int kSampleThreads = 256;  // 8 warps: one sample per warp
 constexpr int kSampleWarps = kSampleThreads / 32;
-constexpr int kNormalizeThreads = 1024;
-constexpr int kGatherThreads = 256;
+constexpr int kChunksPerThread = kMaxPriorityChunks / kSampleThreads;
+constexpr int kMinChunkLog2 = 10;
 
 // p -> round(p * 2^shift). Scaling by a power of two is exact; only the
 // rounding to an integer rounds (p * 2^shift < 2^42 is exact in float).
-struct ToFixed {
-  float scale;
-  __host__ __device__ uint64_t operator()(float p) const { return static_cast<uint64_t>(rintf(p * scale)); }
-};
-
-using FixedIterator = thrust::transform_iterator<ToFixed, const float*, uint64_t>;
+__device__ __forceinline__ uint64_t ToFixed(float p, float scale) {
+  return static_cast<uint64_t>(rintf(p * scale));
+}
 
 // beta annealed linearly from beta_start to beta_end over beta_anneal_steps.
 // The fmaf spells out the contraction nvcc made of start + diff * frac, so a
@@ -32,6 +26,22 @@ __device__ __forceinline__ float AnnealedBeta(const PrioritySampleArgs& a, int64
   if (a.beta_anneal_steps == 0) return a.beta_end;
   const float frac = fminf(1.0f, static_cast<float>(t) / static_cast<float>(a.beta_anneal_steps));
   return fmaf(a.beta_end - a.beta_start, frac, a.beta_start);
+}
+
+// Inclusive scan over the warp's lanes (exact: integers).
+__device__ __forceinline__ uint64_t WarpInclusiveScan(uint64_t v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint64_t up = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += up;
+  }
+  return v;
+}
+
+__device__ __forceinline__ uint64_t WarpSumU64(uint64_t v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
 
 // First j in [0, n) with prefix[j] > u, or n when there is none: a binary
@@ -44,80 +54,139 @@ __device__ __forceinline__ float AnnealedBeta(const PrioritySampleArgs& a, int64
 // last prefix of sub-range k (one load per lane, all in flight together) and
 // the first non-empty sub-range whose last prefix is > u holds the answer
 // (every prefix in the sub-ranges before it is <= u). A sub-range of length m
-// leaves [begin, begin + m - 1], so len -> at most ceil(len / 32) - 1: 2^20
-// slots take 4 rounds and 2^24 take 5 (a binary search: 20 and 24 dependent
-// loads).
-__device__ __forceinline__ int64_t WarpUpperBound(const uint64_t* __restrict__ prefix, int64_t n, uint64_t u,
-                                                  int lane) {
-  int64_t lo = 0, hi = n;
+// leaves [begin, begin + m - 1], so len -> at most ceil(len / 32) - 1.
+__device__ __forceinline__ int WarpUpperBound(const uint64_t* prefix, int n, uint64_t u, int lane) {
+  int lo = 0, hi = n;
   while (lo < hi) {  // warp-uniform: every lane holds the same lo and hi
-    const int64_t len = hi - lo;
-    const int64_t begin = lo + (lane * len) / 32;
-    const int64_t end = lo + ((lane + 1) * len) / 32;
+    const int len = hi - lo;
+    const int begin = lo + (lane * len) / 32;
+    const int end = lo + ((lane + 1) * len) / 32;
     const bool above = end > begin && prefix[end - 1] > u;
     const unsigned ballot = __ballot_sync(0xffffffffu, above);
     if (ballot == 0u) return hi;  // every prefix in [lo, hi) is <= u
     const int k = __ffs(static_cast<int>(ballot)) - 1;
-    const int64_t next_lo = lo + (k * len) / 32;
+    const int next_lo = lo + (k * len) / 32;
     hi = lo + ((k + 1) * len) / 32 - 1;  // lane k's load: prefix[hi] > u
     lo = next_lo;
   }
   return lo;
 }
 
-// One warp per sample b; lane 0 alone writes indices[b] and the raw weight
-// weights[b] = (size p / total)^-beta (normalised by the next kernel).
-__global__ void __launch_bounds__(kSampleThreads) StratifiedSampleKernel(PrioritySampleArgs a) {
+// chunk_sums[c] = sum of the fixed-point priorities of chunk c.
+__global__ void __launch_bounds__(kChunkThreads)
+    ChunkSumsKernel(const float* __restrict__ p, int64_t capacity, int chunk_log2, float scale,
+                    uint64_t* __restrict__ sums) {
+  __shared__ uint64_t warp_sums[kChunkThreads / 32];
+  const int64_t begin = int64_t{blockIdx.x} << chunk_log2;
+  const int64_t end = min(begin + (int64_t{1} << chunk_log2), capacity);
+  uint64_t s = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kChunkThreads) s += ToFixed(p[i], scale);
+  s = WarpSumU64(s);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint64_t t = 0;
+    for (int w = 0; w < kChunkThreads / 32; ++w) t += warp_sums[w];
+    sums[blockIdx.x] = t;
+  }
+}
+
+// The block's inclusive prefix of the chunk sums, into shared memory.
+__device__ void ScanChunkSums(const uint64_t* __restrict__ sums, int chunks, uint64_t* prefix,
+                              uint64_t* warp_totals) {
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int first = threadIdx.x * kChunksPerThread;
+  uint64_t local[kChunksPerThread];
+  uint64_t run = 0;
+#pragma unroll
+  for (int k = 0; k < kChunksPerThread; ++k) {
+    local[k] = first + k < chunks ? sums[first + k] : 0;
+    run += local[k];
+  }
+  const uint64_t incl = WarpInclusiveScan(run, lane);
+  if (lane == 31) warp_totals[warp] = incl;
+  __syncthreads();
+  uint64_t acc = incl - run;
+  for (int w = 0; w < warp; ++w) acc += warp_totals[w];
+#pragma unroll
+  for (int k = 0; k < kChunksPerThread; ++k) {
+    acc += local[k];
+    if (first + k < chunks) prefix[first + k] = acc;
+  }
+  __syncthreads();
+}
+
+// First j in [lo, lo + len) with base + (fixed-point prefix of [lo, j]) > u,
+// given that one exists (base + the range's sum > u); slots at or past
+// capacity count 0. len is a power of two. Whole warp; every lane returns j.
+__device__ __forceinline__ int64_t SearchChunk(const float* __restrict__ p, int64_t capacity, float scale,
+                                               int64_t lo, int64_t len, uint64_t base, uint64_t u, int lane) {
+  while (len > 32) {
+    const int64_t per = len / 32;
+    const int64_t begin = lo + lane * per;
+    uint64_t s = 0;
+    for (int64_t i = begin; i < begin + per; ++i) s += i < capacity ? ToFixed(p[i], scale) : 0;
+    const uint64_t incl = WarpInclusiveScan(s, lane);
+    const unsigned ballot = __ballot_sync(0xffffffffu, base + incl > u);
+    const int k = ballot == 0u ? 31 : __ffs(static_cast<int>(ballot)) - 1;  // nonzero by the precondition
+    base += __shfl_sync(0xffffffffu, incl - s, k);
+    lo += k * per;
+    len = per;
+  }
+  const int64_t i = lo + lane;
+  const uint64_t s = lane < len && i < capacity ? ToFixed(p[i], scale) : 0;
+  const uint64_t incl = WarpInclusiveScan(s, lane);
+  const unsigned ballot = __ballot_sync(0xffffffffu, lane < len && base + incl > u);
+  const int k = ballot == 0u ? static_cast<int>(len) - 1 : __ffs(static_cast<int>(ballot)) - 1;
+  return lo + k;
+}
+
+// One warp per sample b; lane 0 writes indices[b] and the raw weight; with
+// the gather on, the warp then copies the sampled row.
+__global__ void __launch_bounds__(kSampleThreads)
+    StratifiedSampleKernel(PrioritySampleArgs a, int chunk_log2, int chunks) {
+  __shared__ uint64_t prefix[kMaxPriorityChunks];
+  __shared__ uint64_t warp_totals[kSampleWarps];
+  ScanChunkSums(a.chunk_sums, chunks, prefix, warp_totals);
   const int lane = threadIdx.x % 32;
   const int b = blockIdx.x * kSampleWarps + threadIdx.x / 32;
   if (b >= a.batch) return;  // the whole warp leaves together: the ballots see 32 lanes
+  const ReplayColumns& r = a.replay;
   const int64_t t = a.state->t;
   const int64_t size = a.state->replay_size;
-  const uint64_t total = a.prefix[a.capacity - 1];
-  const float r = qstream::Uniform01(a.seed, static_cast<uint64_t>(t), static_cast<uint64_t>(b));
-  const double u = (static_cast<double>(b) + r) / a.batch * static_cast<double>(total);
+  const uint64_t total = prefix[chunks - 1];
+  const float rnd = qstream::Uniform01(a.seed, static_cast<uint64_t>(t), static_cast<uint64_t>(b));
+  const double u = (static_cast<double>(b) + rnd) / a.batch * static_cast<double>(total);
   // prefix is integer, so prefix[j] > u <=> prefix[j] > floor(u).
   const uint64_t u_int = static_cast<uint64_t>(floor(u));
-  const int64_t j = WarpUpperBound(a.prefix, a.capacity, u_int, lane);
-  if (lane != 0) return;
+  const float scale = ldexpf(1.0f, a.fixed_shift);
+  const int c = WarpUpperBound(prefix, chunks, u_int, lane);
+  const int64_t j = c == chunks
+                        ? r.capacity
+                        : SearchChunk(r.priorities, r.capacity, scale, int64_t{c} << chunk_log2,
+                                      int64_t{1} << chunk_log2, c > 0 ? prefix[c - 1] : 0, u_int, lane);
   const int64_t idx = j < size ? j : size - 1;
-  const double scale = ldexp(1.0, a.fixed_shift);
-  const double total_real = static_cast<double>(total) / scale;
-  const float beta = AnnealedBeta(a, t);
-  const double prob = static_cast<double>(a.priorities[idx]) / total_real;
-  a.indices[b] = static_cast<int32_t>(idx);
-  a.weights[b] = static_cast<float>(pow(static_cast<double>(size) * prob, -static_cast<double>(beta)));
-}
-
-// One block: m = max(0, max_b w_b) by a fixed shuffle tree (a max is exact,
-// so m is bit for bit the single-block sampler's), then w_b /= m. Each thread
-// rescales only the weights it read itself, after the block's barrier.
-__global__ void __launch_bounds__(kNormalizeThreads) NormalizeWeightsKernel(float* __restrict__ w, int batch) {
-  __shared__ float warp_max[kNormalizeThreads / 32];
-  float local_max = 0.0f;
-  for (int b = threadIdx.x; b < batch; b += blockDim.x) local_max = fmaxf(local_max, w[b]);
-  const float m = BlockMax(local_max, warp_max);
-  for (int b = threadIdx.x; b < batch; b += blockDim.x) w[b] = w[b] / m;
-}
-
-__global__ void GatherKernel(GatherArgs a) {
-  const int warps = blockDim.x / 32;
-  const int row = blockIdx.x * warps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= a.batch) return;
-  const int64_t slot = a.indices[row];
-  const int d = a.replay.obs_dim;
-  const float* src = a.replay.obs + slot * d;
-  const float* nsrc = a.replay.next_obs + slot * d;
-  for (int i = lane; i < d; i += 32) {
-    a.obs[int64_t{row} * d + i] = src[i];
-    a.next_obs[int64_t{row} * d + i] = nsrc[i];
-  }
-  const int nb = a.replay.num_branches;
-  for (int i = lane; i < nb; i += 32) a.actions[row * nb + i] = a.replay.actions[slot * nb + i];
   if (lane == 0) {
-    a.rewards[row] = a.replay.rewards[slot];
-    a.discounts[row] = a.replay.discounts[slot];
+    const double total_real = static_cast<double>(total) / ldexp(1.0, a.fixed_shift);
+    const float beta = AnnealedBeta(a, t);
+    const double prob = static_cast<double>(r.priorities[idx]) / total_real;
+    a.indices[b] = static_cast<int32_t>(idx);
+    a.weights[b] = static_cast<float>(pow(static_cast<double>(size) * prob, -static_cast<double>(beta)));
+  }
+  if (a.obs == nullptr) return;
+  const int d = r.obs_dim;
+  const float* src = r.obs + idx * d;
+  const float* nsrc = r.next_obs + idx * d;
+  for (int i = lane; i < d; i += 32) {
+    a.obs[int64_t{b} * d + i] = src[i];
+    a.next_obs[int64_t{b} * d + i] = nsrc[i];
+  }
+  const int nb = r.num_branches;
+  for (int i = lane; i < nb; i += 32) a.actions[b * nb + i] = r.actions[idx * nb + i];
+  if (lane == 0) {
+    a.rewards[b] = r.rewards[idx];
+    a.discounts[b] = r.discounts[idx];
   }
 }
 
@@ -129,28 +198,28 @@ int FixedPointShift(int64_t capacity) {
   return 62 - log2c - static_cast<int>(std::log2(kMaxFixedPriority));
 }
 
-cudaError_t PriorityScanTempBytes(int64_t capacity, size_t* bytes) {
-  *bytes = 0;
-  const FixedIterator in(static_cast<const float*>(nullptr), ToFixed{1.0f});
-  return cub::DeviceScan::InclusiveSum(nullptr, *bytes, in, static_cast<uint64_t*>(nullptr), capacity);
+int PriorityChunkLog2(int64_t capacity) {
+  int log2 = kMinChunkLog2;
+  while (((capacity + (int64_t{1} << log2) - 1) >> log2) > kMaxPriorityChunks) ++log2;
+  return log2;
+}
+
+int64_t PriorityChunks(int64_t capacity) {
+  const int log2 = PriorityChunkLog2(capacity);
+  return (capacity + (int64_t{1} << log2) - 1) >> log2;
 }
 
 cudaError_t LaunchPrioritySample(const PrioritySampleArgs& a, cudaStream_t stream) {
-  const FixedIterator in(a.priorities, ToFixed{std::ldexp(1.0f, a.fixed_shift)});
-  size_t temp_bytes = a.scan_temp_bytes;
-  cudaError_t err = cub::DeviceScan::InclusiveSum(a.scan_temp, temp_bytes, in, a.prefix, a.capacity, stream);
-  if (err != cudaSuccess) return err;
-  if (a.batch <= 0) return cudaSuccess;
-  StratifiedSampleKernel<<<(a.batch + kSampleWarps - 1) / kSampleWarps, kSampleThreads, 0, stream>>>(a);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  NormalizeWeightsKernel<<<1, kNormalizeThreads, 0, stream>>>(a.weights, a.batch);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchGather(const GatherArgs& a, cudaStream_t stream) {
-  const int rows_per_block = kGatherThreads / 32;
-  GatherKernel<<<(a.batch + rows_per_block - 1) / rows_per_block, kGatherThreads, 0, stream>>>(a);
+  const int64_t capacity = a.replay.capacity;
+  if (capacity <= 0) return cudaErrorInvalidValue;
+  const int chunk_log2 = PriorityChunkLog2(capacity);
+  const int chunks = static_cast<int>(PriorityChunks(capacity));
+  ChunkSumsKernel<<<chunks, kChunkThreads, 0, stream>>>(a.replay.priorities, capacity, chunk_log2,
+                                                        std::ldexp(1.0f, a.fixed_shift), a.chunk_sums);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || a.batch <= 0) return err;
+  StratifiedSampleKernel<<<(a.batch + kSampleWarps - 1) / kSampleWarps, kSampleThreads, 0, stream>>>(
+      a, chunk_log2, chunks);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
 #include "kernels/step_finalize.h"
 
+#include "kernels/is_weight.cuh"
 #include "kernels/warp_reduce.cuh"
 
 namespace qstream::kernels {
@@ -20,9 +21,10 @@ struct BatchSums {
 
 __device__ BatchSums ReduceBatch(const FinalizeArgs& a, float* scratch) {
   const float* item_loss = a.item_loss != nullptr ? a.item_loss : a.ce;
+  const float w_max = MaxIsWeight(a.weights, a.batch, scratch);
   BatchSums r;
   for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
-    r.wloss += a.weights[b] * item_loss[b];
+    r.wloss += (a.weights[b] / w_max) * item_loss[b];
     r.clip += a.clip_mass[b];
     r.qsum += a.q_sum[b];
     r.qmin = fminf(r.qmin, a.q_min[b]);

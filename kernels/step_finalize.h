@@ -24,7 +24,7 @@ struct FinalizeArgs {
   const float* ce = nullptr;             // B, CE_b from the loss kernel: the priorities
   // B, L_b from the loss kernel: the batch loss; null: the loss uses ce.
   const float* item_loss = nullptr;
-  const float* weights = nullptr;        // B
+  const float* weights = nullptr;        // B, raw IS weights: w_b / max(0, max w) weighs the loss
   const float* clip_mass = nullptr;      // B
   const float* q_min = nullptr;          // B
   const float* q_max = nullptr;          // B

@@ -121,7 +121,8 @@ struct LossInputs {
     // Negative: outside the wire's range, but the kernel's projection must
     // still match (it scans every source atom when b_j is not monotone).
     discounts[4] = -0.5f;
-    weights = RandomUniform(rng, B, 0.1f, 1.0f);
+    // Raw IS weights (the sampler's): the kernel divides by their max.
+    weights = RandomUniform(rng, B, 0.1f, 7.0f);
   }
 };
 
@@ -187,7 +188,8 @@ LossOutputs<double> ReferenceLoss(const LossInputs& in, double eps, double alpha
   r.da.assign(size_t(B) * AZ, 0.0);
   for (int b = 0; b < B; ++b) {
     double ce_sum = 0, mse_sum = 0, clip_sum = 0, qlo = 1e30, qhi = -1e30, qs = 0;
-    const double scale = double(in.weights[b]) / (B * NB);
+    const double scale =
+        double(in.weights[b]) / *std::max_element(in.weights.begin(), in.weights.end()) / (B * NB);
     for (int br = 0; br < NB; ++br) {
       const int first = spec.branch_offset(br), n = spec.branch_actions[br];
       int best = 0;
@@ -366,20 +368,15 @@ TEST(PrioritySample, MatchesSequentialPrefixSearch) {
   state.replay_size = size;
   DeviceArray<kernels::DeviceState> d_state(std::vector<kernels::DeviceState>{state});
   DeviceArray<float> d_prio(prio);
-  DeviceArray<uint64_t> prefix(capacity);
-  size_t temp_bytes = 0;
-  QS_ASSERT_CUDA(kernels::PriorityScanTempBytes(capacity, &temp_bytes));
-  DeviceArray<char> temp(temp_bytes);
+  DeviceArray<uint64_t> chunk_sums(kernels::PriorityChunks(capacity));
   DeviceArray<int32_t> idx(B);
   DeviceArray<float> w(B);
   idx.Poison();
   w.Poison();
   kernels::PrioritySampleArgs a;
-  a.priorities = d_prio.get();
-  a.prefix = prefix.get();
-  a.scan_temp = temp.get();
-  a.scan_temp_bytes = temp_bytes;
-  a.capacity = capacity;
+  a.replay.priorities = d_prio.get();
+  a.replay.capacity = capacity;
+  a.chunk_sums = chunk_sums.get();
   a.fixed_shift = kernels::FixedPointShift(capacity);
   a.state = d_state.get();
   a.seed = 99;
@@ -398,16 +395,13 @@ TEST(PrioritySample, MatchesSequentialPrefixSearch) {
   for (int64_t i = 0; i < capacity; ++i) prefix_ref[i] = total += prio[i];
   const double beta = 0.4 + 0.6 * std::min(1.0, 4321.0 / 10000.0);
   std::vector<double> ref_w(B);
-  double max_w = 0;
   for (int b = 0; b < B; ++b) {
     const double u = (b + static_cast<double>(Uniform01(99, 4321, b))) / B * total;
     const int64_t j = std::upper_bound(prefix_ref.begin(), prefix_ref.end(), u) - prefix_ref.begin();
     const int64_t slot = std::min(j, size - 1);
     EXPECT_EQ(got_idx[b], slot) << "b=" << b;
-    ref_w[b] = std::pow(size * prio[slot] / total, -beta);
-    max_w = std::max(max_w, ref_w[b]);
+    ref_w[b] = std::pow(size * prio[slot] / total, -beta);  // raw: the consumers normalise
   }
-  for (double& x : ref_w) x /= max_w;
   EXPECT_LE(RelError(got_w, ref_w), kExactTol);
   // The stratified draw is spread over the filled slots only.
   for (int32_t i : got_idx) EXPECT_LT(i, size);
@@ -416,7 +410,7 @@ TEST(PrioritySample, MatchesSequentialPrefixSearch) {
 // The documented definition of LaunchPrioritySample (per_sample.h) on the
 // host, in the same arithmetic: the fixed-point inclusive prefix, floor(u),
 // first j with prefix_j > floor(u) (capacity when none), the clamp to size-1,
-// w = (size p / total)^-beta and w / max(0, max_b w). Every step but pow is an
+// and the raw w = (size p / total)^-beta. Every step but pow is an
 // exactly rounded IEEE operation on both sides, and a double pow that is off
 // by an ulp moves the float it rounds to with probability ~2^-28.
 struct SampleReference {
@@ -442,7 +436,6 @@ SampleReference ReferencePrioritySample(const std::vector<float>& prio, int64_t 
           : std::fma(beta_end - beta_start,
                      std::min(1.0f, static_cast<float>(t) / static_cast<float>(anneal_steps)), beta_start);
   SampleReference ref;
-  float max_w = 0.0f;
   for (int b = 0; b < batch; ++b) {
     const float r = Uniform01(seed, static_cast<uint64_t>(t), static_cast<uint64_t>(b));
     const double u = (static_cast<double>(b) + r) / batch * static_cast<double>(total);
@@ -454,9 +447,7 @@ SampleReference ReferencePrioritySample(const std::vector<float>& prio, int64_t 
         static_cast<float>(std::pow(static_cast<double>(size) * prob, -static_cast<double>(beta)));
     ref.indices.push_back(static_cast<int32_t>(idx));
     ref.weights.push_back(w);
-    max_w = std::max(max_w, w);
   }
-  for (float& w : ref.weights) w = w / max_w;
   return ref;
 }
 
@@ -502,21 +493,16 @@ TEST_P(PrioritySampleBitwiseTest, MatchesFixedPointDefinitionBitwise) {
   state.replay_size = c.size;
   DeviceArray<kernels::DeviceState> d_state(std::vector<kernels::DeviceState>{state});
   DeviceArray<float> d_prio(prio);
-  DeviceArray<uint64_t> prefix(c.capacity);
-  size_t temp_bytes = 0;
-  QS_ASSERT_CUDA(kernels::PriorityScanTempBytes(c.capacity, &temp_bytes));
-  DeviceArray<char> temp(temp_bytes);
+  DeviceArray<uint64_t> chunk_sums(kernels::PriorityChunks(c.capacity));
   DeviceArray<int32_t> idx(c.batch);
   DeviceArray<float> w(c.batch);
-  prefix.Poison();
+  chunk_sums.Poison();
   idx.Poison();
   w.Poison();
   kernels::PrioritySampleArgs a;
-  a.priorities = d_prio.get();
-  a.prefix = prefix.get();
-  a.scan_temp = temp.get();
-  a.scan_temp_bytes = temp_bytes;
-  a.capacity = c.capacity;
+  a.replay.priorities = d_prio.get();
+  a.replay.capacity = c.capacity;
+  a.chunk_sums = chunk_sums.get();
   a.fixed_shift = kernels::FixedPointShift(c.capacity);
   a.state = d_state.get();
   a.seed = seed;
@@ -549,7 +535,6 @@ TEST_P(PrioritySampleBitwiseTest, MatchesFixedPointDefinitionBitwise) {
   if (c.stale) {
     EXPECT_GT(clamped, 0) << "the case must exercise the clamp";
   }
-  EXPECT_EQ(*std::max_element(got_w.begin(), got_w.end()), 1.0f);
   // The same step again: the same bits (no atomics, no run-to-run order).
   idx.Poison();
   w.Poison();
@@ -572,42 +557,65 @@ INSTANTIATE_TEST_SUITE_P(Shapes, PrioritySampleBitwiseTest,
                                            SampleCase{"c1M_b32", 1 << 20, 1 << 20, 32, false},
                                            SampleCase{"c1M_b1024", 1 << 20, 1 << 20, 1024, false},
                                            SampleCase{"c1M_partial_b1024", 1 << 20, 777777, 1024, false},
-                                           SampleCase{"c1M_stale_b4096", 1 << 20, 300001, 4096, true}),
+                                           SampleCase{"c1M_stale_b4096", 1 << 20, 300001, 4096, true},
+                                           // Chunks of 2048 slots (two splits per search), the last
+                                           // one partial; and of 4096.
+                                           SampleCase{"c3M_b1024", 3000000, 3000000, 1024, false},
+                                           SampleCase{"c3M_stale_b256", 3000000, 2500001, 256, true},
+                                           SampleCase{"c5M_partial_b512", 5000000, 4999999, 512, false}),
                          [](const auto& info) { return std::string(info.param.name); });
 
-TEST(Gather, CopiesSampledRows) {
+// The gather in the sampler's launch: every sampled row's columns, copied.
+TEST(PrioritySample, GathersSampledRows) {
   QS_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(8);
-  const int64_t capacity = 300;
+  const int64_t capacity = 3000;
   const int D = 37, NB = 3, B = 50;
   const auto obs = RandomUniform(rng, capacity * D, -1, 1), next = RandomUniform(rng, capacity * D, -1, 1);
   const auto rew = RandomUniform(rng, capacity, -1, 1), disc = RandomUniform(rng, capacity, 0, 1);
-  std::vector<int32_t> act(capacity * NB), idx(B);
+  const auto prio = RandomUniform(rng, capacity, 0.01f, 2.0f);
+  std::vector<int32_t> act(capacity * NB);
   for (auto& x : act) x = int32_t(rng() % 5);
-  for (auto& x : idx) x = int32_t(rng() % capacity);
-  DeviceArray<float> d_obs(obs), d_next(next), d_rew(rew), d_disc(disc);
-  DeviceArray<int32_t> d_act(act), d_idx(idx);
-  DeviceArray<float> o(size_t(B) * D), n(size_t(B) * D), r(B), d(B);
-  DeviceArray<int32_t> a(size_t(B) * NB);
-  for (auto* x : {&o, &n, &r, &d}) x->Poison();
+  kernels::DeviceState state;
+  state.t = 12;
+  state.replay_size = 2400;
+  DeviceArray<kernels::DeviceState> d_state(std::vector<kernels::DeviceState>{state});
+  DeviceArray<float> d_obs(obs), d_next(next), d_rew(rew), d_disc(disc), d_prio(prio);
+  DeviceArray<int32_t> d_act(act);
+  DeviceArray<uint64_t> chunk_sums(kernels::PriorityChunks(capacity));
+  DeviceArray<float> o(size_t(B) * D), n(size_t(B) * D), r(B), d(B), w(B);
+  DeviceArray<int32_t> a(size_t(B) * NB), d_idx(B);
+  for (auto* x : {&o, &n, &r, &d, &w}) x->Poison();
   a.Poison();
-  kernels::GatherArgs g;
+  d_idx.Poison();
+  kernels::PrioritySampleArgs g;
   g.replay.obs = d_obs.get();
   g.replay.next_obs = d_next.get();
   g.replay.actions = d_act.get();
   g.replay.rewards = d_rew.get();
   g.replay.discounts = d_disc.get();
+  g.replay.priorities = d_prio.get();
   g.replay.capacity = capacity;
   g.replay.obs_dim = D;
   g.replay.num_branches = NB;
-  g.indices = d_idx.get();
+  g.chunk_sums = chunk_sums.get();
+  g.fixed_shift = kernels::FixedPointShift(capacity);
+  g.state = d_state.get();
+  g.seed = 17;
   g.batch = B;
+  g.beta_start = 0.5f;
+  g.beta_end = 1.0f;
+  g.indices = d_idx.get();
+  g.weights = w.get();
   g.obs = o.get();
   g.next_obs = n.get();
   g.actions = a.get();
   g.rewards = r.get();
   g.discounts = d.get();
-  QS_ASSERT_CUDA(kernels::LaunchGather(g, nullptr));
+  QS_ASSERT_CUDA(kernels::LaunchPrioritySample(g, nullptr));
+  const auto idx = d_idx.Download();
+  const SampleReference ref = ReferencePrioritySample(prio, 2400, 17, 12, B, 0.5f, 1.0f, 0);
+  EXPECT_EQ(idx, ref.indices);
   const auto go = o.Download(), gn = n.Download(), gr = r.Download(), gd = d.Download();
   const auto ga = a.Download();
   for (int b = 0; b < B; ++b) {
@@ -792,7 +800,8 @@ TEST_P(FinalizeTest, NormStatsAndGuard) {
   const int64_t n = 100003;
   auto g = RandomUniform(rng, n, -0.1f, 0.1f);
   auto ce = RandomUniform(rng, B, 0.1f, 4.0f);
-  const auto w = RandomUniform(rng, B, 0.1f, 1.0f), clip = RandomUniform(rng, B, 0.0f, 0.5f);
+  // Raw IS weights (the sampler's): the finalize divides by their max.
+  const auto w = RandomUniform(rng, B, 0.1f, 5.0f), clip = RandomUniform(rng, B, 0.0f, 0.5f);
   auto qmin = RandomUniform(rng, B, -5, -1), qmax = RandomUniform(rng, B, 1, 5);
   const auto qsum = RandomUniform(rng, B, -9, 9);
   // The loss kernel's L_b (the MSE blend) differs from its CE_b: the loss
@@ -848,7 +857,7 @@ TEST_P(FinalizeTest, NormStatsAndGuard) {
   const double norm = cpu::GlobalNorm(g.data(), n);
   double loss = 0, clip_sum = 0, qs = 0, lo = 1e30, hi = -1e30;
   for (int b = 0; b < B; ++b) {
-    loss += double(w[b]) * item_loss[b];
+    loss += double(w[b]) / *std::max_element(w.begin(), w.end()) * item_loss[b];
     clip_sum += clip[b];
     qs += qsum[b];
     lo = std::min<double>(lo, qmin[b]);
@@ -1028,18 +1037,13 @@ TEST(PriorityWriteBack, SampledIndicesLargestBWins) {
   state.replay_size = capacity;
   DeviceArray<kernels::DeviceState> d_state(std::vector<kernels::DeviceState>{state});
   DeviceArray<float> d_prio(prio);
-  DeviceArray<uint64_t> prefix(capacity);
-  size_t temp_bytes = 0;
-  QS_ASSERT_CUDA(kernels::PriorityScanTempBytes(capacity, &temp_bytes));
-  DeviceArray<char> temp(temp_bytes);
+  DeviceArray<uint64_t> chunk_sums(kernels::PriorityChunks(capacity));
   DeviceArray<int32_t> d_idx(B);
   DeviceArray<float> d_w(B);
   kernels::PrioritySampleArgs a;
-  a.priorities = d_prio.get();
-  a.prefix = prefix.get();
-  a.scan_temp = temp.get();
-  a.scan_temp_bytes = temp_bytes;
-  a.capacity = capacity;
+  a.replay.priorities = d_prio.get();
+  a.replay.capacity = capacity;
+  a.chunk_sums = chunk_sums.get();
   a.fixed_shift = kernels::FixedPointShift(capacity);
   a.state = d_state.get();
   a.seed = 3;

@@ -211,8 +211,7 @@ class CudaBackend final : public Backend {
   std::vector<DeviceBuffer<float>> d_trunk_;
   // Per-sample loss outputs and reductions.
   DeviceBuffer<float> ce_, item_loss_, clip_mass_, q_min_, q_max_, q_sum_, norm_partials_;
-  DeviceBuffer<uint64_t> prefix_;
-  DeviceBuffer<char> scan_temp_;
+  DeviceBuffer<uint64_t> chunk_sums_;
   int fixed_shift_ = 0;
 
   // Bias/ReLU folded into cuBLASLt epilogues; false when cuBLASLt offers no
@@ -342,10 +341,7 @@ absl::Status CudaBackend::Init() {
   static_assert(kernels::kMaxGradTiles <= kernels::kNormBlocks,
                 "weight-gradient tiles write the norm partials");
   QS_RETURN_IF_ERROR(norm_partials_.Allocate(kernels::kNormBlocks));
-  QS_RETURN_IF_ERROR(prefix_.Allocate(capacity));
-  size_t temp_bytes = 0;
-  QS_CUDA_CHECK(kernels::PriorityScanTempBytes(capacity, &temp_bytes));
-  QS_RETURN_IF_ERROR(scan_temp_.Allocate(std::max<size_t>(temp_bytes, 1)));
+  QS_RETURN_IF_ERROR(chunk_sums_.Allocate(kernels::PriorityChunks(capacity)));
   fixed_shift_ = kernels::FixedPointShift(capacity);
 
   QS_RETURN_IF_ERROR(stats_host_.Allocate(kStatsSlots));
@@ -468,13 +464,12 @@ absl::Status CudaBackend::EnqueueStep() {
   const auto& opt = config_.optimizer();
   const kernels::ReplayColumns replay = replay_->columns();
 
-  // 1. Sample B slots stratified over the priority prefix sums; IS weights.
+  // 1-2. Sample B slots stratified over the priorities' fixed-point sums,
+  //      raw IS weights; gather s, a, R, discount, s' (one launch after the
+  //      chunk sums).
   kernels::PrioritySampleArgs sample;
-  sample.priorities = replay.priorities;
-  sample.prefix = prefix_.get();
-  sample.scan_temp = scan_temp_.get();
-  sample.scan_temp_bytes = scan_temp_.bytes();
-  sample.capacity = replay.capacity;
+  sample.replay = replay;
+  sample.chunk_sums = chunk_sums_.get();
   sample.fixed_shift = fixed_shift_;
   sample.state = state_.get();
   sample.seed = config_.seed();
@@ -484,19 +479,12 @@ absl::Status CudaBackend::EnqueueStep() {
   sample.beta_anneal_steps = rep.beta_anneal_steps();
   sample.indices = indices_.get();
   sample.weights = weights_.get();
+  sample.obs = x_.get();
+  sample.next_obs = x_.get() + size_t(B) * spec_.obs_dim;
+  sample.actions = actions_.get();
+  sample.rewards = rewards_.get();
+  sample.discounts = discounts_.get();
   QS_CUDA_CHECK(kernels::LaunchPrioritySample(sample, s));
-
-  // 2. Gather s, a, R, discount, s'.
-  kernels::GatherArgs gather;
-  gather.replay = replay;
-  gather.indices = indices_.get();
-  gather.batch = B;
-  gather.obs = x_.get();
-  gather.next_obs = x_.get() + size_t(B) * spec_.obs_dim;
-  gather.actions = actions_.get();
-  gather.rewards = rewards_.get();
-  gather.discounts = discounts_.get();
-  QS_CUDA_CHECK(kernels::LaunchGather(gather, s));
 
   if (fused_ != nullptr) {
     // 3. Online forward on s and s', target forward on s': one kernel, from
