@@ -14,18 +14,17 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "kernels/bias_act.h"
 #include "kernels/c51_loss.h"
 #include "kernels/optimizer.h"
 #include "kernels/per_sample.h"
 #include "kernels/step_finalize.h"
 #include "kernels/views.h"
 #include "trainer/config.h"
+#include "trainer/cuda/cublas_network.h"
 #include "trainer/cuda/cuda_status.h"
 #include "trainer/cuda/device_memory.h"
 #include "trainer/cuda/device_replay.h"
 #include "trainer/cuda/fused_network.h"
-#include "trainer/cuda/gemm.h"
 #include "trainer/cuda/nccl.h"
 #include "trainer/cuda/step_times.h"
 
@@ -46,47 +45,6 @@ constexpr int64_t kParamAlignFloats = 64;
 constexpr int64_t kGroupGuardFloats = 2;
 // Default shared memory a block may use without opting in.
 constexpr size_t kSharedBytesLimit = 48 * 1024;
-
-// Outputs of one network pass, row-major [rows][features], and the ReLU bit
-// masks of the hidden layers when the pass will be differentiated.
-struct Activations {
-  int rows = 0;     // per batch
-  int batches = 1;  // 2: [online; target] passes side by side (strided-batch GEMMs)
-  std::vector<DeviceBuffer<float>> trunk;
-  DeviceBuffer<float> value_hidden, value, adv_hidden, adv;
-  std::vector<DeviceBuffer<char>> trunk_mask;
-  DeviceBuffer<char> value_hidden_mask, adv_hidden_mask;
-
-  static cuda::ReluMask Mask(const DeviceBuffer<char>& bits, int features) {
-    if (bits.get() == nullptr) return {};
-    return {bits.get(), cuda::ReluMask::LeadingDim(features)};
-  }
-
-  // Elements between the batches of a [rows][features] buffer.
-  int64_t stride(int features) const { return int64_t{rows} * features; }
-
-  absl::Status Allocate(const NetworkSpec& spec, int n, int num_batches) {
-    rows = n;
-    batches = num_batches;
-    const size_t rb = size_t(n) * num_batches;
-    trunk.resize(spec.trunk.size());
-    trunk_mask.resize(spec.trunk.size());
-    for (size_t k = 0; k < spec.trunk.size(); ++k) {
-      if (auto s = trunk[k].Allocate(rb * spec.trunk[k].out); !s.ok()) return s;
-      if (auto s = trunk_mask[k].Allocate(cuda::ReluMask::Bytes(spec.trunk[k].out, n) * num_batches); !s.ok())
-        return s;
-    }
-    if (auto s = value_hidden_mask.Allocate(cuda::ReluMask::Bytes(spec.head_hidden, n) * num_batches);
-        !s.ok())
-      return s;
-    if (auto s = adv_hidden_mask.Allocate(cuda::ReluMask::Bytes(spec.head_hidden, n) * num_batches); !s.ok())
-      return s;
-    if (auto s = value_hidden.Allocate(rb * spec.head_hidden); !s.ok()) return s;
-    if (auto s = value.Allocate(rb * spec.num_atoms); !s.ok()) return s;
-    if (auto s = adv_hidden.Allocate(rb * spec.head_hidden); !s.ok()) return s;
-    return adv.Allocate(rb * spec.adv_out.out);
-  }
-};
 
 class CudaBackend final : public Backend {
  public:
@@ -158,15 +116,8 @@ class CudaBackend final : public Backend {
   absl::Status CaptureStep();
   // The learner step, one line per stage of DESIGN.md; enqueued once into the graph.
   absl::Status EnqueueStep();
-  // batches == 2: the online pass on `x` and the target pass on x + x_stride,
-  // as strided-batch GEMMs (the target parameters follow the online ones).
-  absl::Status EnqueueForward(const float* params, const float* x, int64_t x_stride, int batches,
-                              Activations* acts);
   float* params() const { return net_params_.get(); }
   float* target() const { return net_params_.get() + target_offset_; }
-  absl::Status EnqueueBackward();
-  // cuBLASLt loads its kernels on first use: run the passes once outside the capture.
-  absl::Status WarmUpCublasLt();
   // The loss over the logits the network pass wrote (fused or cuBLASLt).
   absl::Status EnqueueLoss();
   absl::Status EnqueueStatsCopy() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -183,9 +134,9 @@ class CudaBackend final : public Backend {
 
   mutable absl::Mutex mu_;
   cuda::Stream stream_;
-  cuda::Gemm gemm_;
-  // The fused network passes; null when the cuBLASLt path runs.
+  // The network passes: fused, or (fused_ null) through cuBLASLt.
   std::unique_ptr<cuda::FusedNetwork> fused_;
+  std::unique_ptr<cuda::CublasNetwork> cublas_;
   DeviceBuffer<kernels::DeviceState> state_;
   std::unique_ptr<cuda::DeviceReplay> replay_;
 
@@ -205,20 +156,11 @@ class CudaBackend final : public Backend {
   // (the target pass reads rows [B, 3B) and only its first B rows are used).
   DeviceBuffer<int32_t> indices_, actions_, q_bad_;
   DeviceBuffer<float> weights_, x_, rewards_, discounts_;
-  Activations acts_;  // 2 batches of 2B rows: online on [s; s'], target on [s'; 0]
-  // Backward: gradients of the online s rows.
-  DeviceBuffer<float> d_value_, d_adv_, d_value_hidden_, d_adv_hidden_;
-  std::vector<DeviceBuffer<float>> d_trunk_;
   // Per-sample loss outputs and reductions.
   DeviceBuffer<float> ce_, item_loss_, clip_mass_, q_min_, q_max_, q_sum_, norm_partials_;
   DeviceBuffer<uint64_t> chunk_sums_;
   int fixed_shift_ = 0;
 
-  // Bias/ReLU folded into cuBLASLt epilogues; false when cuBLASLt offers no
-  // algorithm for them here, then small kernels do that work.
-  bool fused_epilogues_ = true;
-  // Online and target forward as one strided-batch GEMM per layer.
-  bool batched_forward_ = true;
   cuda::Graph graph_;
   cuda::GraphExec exec_;
 
@@ -297,7 +239,6 @@ absl::Status CudaBackend::Init() {
   device_name_ = prop.name;
 
   QS_RETURN_IF_ERROR(cuda::CreateStream(&stream_));
-  QS_RETURN_IF_ERROR(gemm_.Init(stream_.get(), precision_));
   QS_RETURN_IF_ERROR(state_.Allocate(1));
   const kernels::DeviceState initial;
   QS_CUDA_CHECK(cudaMemcpy(state_.get(), &initial, sizeof(initial), cudaMemcpyHostToDevice));
@@ -319,9 +260,7 @@ absl::Status CudaBackend::Init() {
   QS_CUDA_CHECK(cudaMemcpy(target(), init.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   if (group_.has_value()) QS_RETURN_IF_ERROR(InitGroup());
 
-  const int Z = spec_.num_atoms;
   const int NB = spec_.num_branches();
-  const int AZ = spec_.adv_out.out;
   QS_RETURN_IF_ERROR(indices_.Allocate(B));
   QS_RETURN_IF_ERROR(actions_.Allocate(size_t(B) * NB));
   QS_RETURN_IF_ERROR(q_bad_.Allocate(B));
@@ -330,14 +269,6 @@ absl::Status CudaBackend::Init() {
     QS_RETURN_IF_ERROR(buf->Allocate(B));
   }
   QS_RETURN_IF_ERROR(x_.Allocate(size_t(3 * B) * spec_.obs_dim));
-  QS_RETURN_IF_ERROR(acts_.Allocate(spec_, 2 * B, /*num_batches=*/2));
-  QS_RETURN_IF_ERROR(d_value_.Allocate(size_t(B) * Z));
-  QS_RETURN_IF_ERROR(d_adv_.Allocate(size_t(B) * AZ));
-  QS_RETURN_IF_ERROR(d_value_hidden_.Allocate(size_t(B) * spec_.head_hidden));
-  QS_RETURN_IF_ERROR(d_adv_hidden_.Allocate(size_t(B) * spec_.head_hidden));
-  d_trunk_.resize(spec_.trunk.size());
-  for (size_t k = 0; k < spec_.trunk.size(); ++k)
-    QS_RETURN_IF_ERROR(d_trunk_[k].Allocate(size_t(B) * spec_.trunk[k].out));
   static_assert(kernels::kMaxGradTiles <= kernels::kNormBlocks,
                 "weight-gradient tiles write the norm partials");
   QS_RETURN_IF_ERROR(norm_partials_.Allocate(kernels::kNormBlocks));
@@ -385,7 +316,14 @@ absl::Status CudaBackend::Init() {
     path_ = absl::StrCat("fused ", precision_name);
   } else {
     path_ = absl::StrCat("cublaslt ", precision_name, "; fused path off: ", why_not);
-    QS_RETURN_IF_ERROR(WarmUpCublasLt());
+    cublas_ = std::make_unique<cuda::CublasNetwork>();
+    cuda::CublasNetworkIo io;
+    io.params = params();
+    io.target_offset = target_offset_;
+    io.grads = grads_.get();
+    io.x = x_.get();
+    QS_RETURN_IF_ERROR(cublas_->Init(spec_, B, precision_, io, stream_.get()));
+    device_name_ += cublas_->fallbacks();
   }
   QS_RETURN_IF_ERROR(CaptureStep());
   // Every allocation is made by now (none after the capture).
@@ -393,39 +331,6 @@ absl::Status CudaBackend::Init() {
   QS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   device_memory_ = {.used_bytes = static_cast<int64_t>(total_bytes - free_bytes),
                     .total_bytes = static_cast<int64_t>(total_bytes)};
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::WarmUpCublasLt() {
-  const int B = B_;
-
-  // cuBLASLt picks and loads its kernels on first use; do that outside
-  // capture (on zero-filled buffers, so nothing observable changes), and
-  // fall back to unfused epilogues if it has none for them.
-  // Diagnostic switch (see cuda_backend.h): force the slower, simpler paths.
-  if (const char* mode = std::getenv("QSTREAM_CUDA_EPILOGUES"); mode != nullptr) {
-    const std::string m = mode;
-    if (m == "unbatched" || m == "unfused") batched_forward_ = false;
-    if (m == "unfused") fused_epilogues_ = false;
-    if (m != "fused") device_name_ += absl::StrCat(" (", m, ")");
-  }
-  auto warm_up = [&]() -> absl::Status {
-    QS_RETURN_IF_ERROR(EnqueueForward(params(), x_.get(), int64_t{B} * spec_.obs_dim, 2, &acts_));
-    return EnqueueBackward();
-  };
-  absl::Status warm = warm_up();
-  if (absl::IsUnimplemented(warm)) {
-    batched_forward_ = false;
-    device_name_ += " (unbatched forward)";
-    warm = warm_up();
-  }
-  if (absl::IsUnimplemented(warm)) {
-    fused_epilogues_ = false;
-    device_name_ += " (unfused epilogues)";
-    warm = warm_up();
-  }
-  QS_RETURN_IF_ERROR(warm);
-  QS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   return absl::OkStatus();
 }
 
@@ -503,11 +408,11 @@ absl::Status CudaBackend::EnqueueStep() {
   } else {
     // 3. Online forward on [s; s'] (2B rows) and target forward on s', one
     //    strided-batch GEMM per layer.
-    QS_RETURN_IF_ERROR(EnqueueForward(params(), x_.get(), int64_t{B} * spec_.obs_dim, 2, &acts_));
+    QS_RETURN_IF_ERROR(cublas_->EnqueueForward(s));
     // 4-7.
     QS_RETURN_IF_ERROR(EnqueueLoss());
     // 8. Backward through heads and trunk into the flat gradient buffer.
-    QS_RETURN_IF_ERROR(EnqueueBackward());
+    QS_RETURN_IF_ERROR(cublas_->EnqueueBackward(s));
     // A group takes the norm of the all-reduced gradient instead (8b).
     if (comm_ == nullptr) {
       QS_CUDA_CHECK(kernels::LaunchGradSumSquares(grads_.get(), spec_.num_params, norm_partials_.get(), s));
@@ -588,12 +493,12 @@ absl::Status CudaBackend::EnqueueLoss() {
     loss.da_ld = fused_->d_adv_ld();
     loss.grad_precision = precision_;
   } else {
-    loss.online_v = acts_.value.get();
-    loss.online_a = acts_.adv.get();
-    loss.target_v = acts_.value.get() + acts_.stride(spec_.num_atoms);
-    loss.target_a = acts_.adv.get() + acts_.stride(spec_.adv_out.out);
-    loss.dv = d_value_.get();
-    loss.da = d_adv_.get();
+    loss.online_v = cublas_->value_logits();
+    loss.online_a = cublas_->adv_logits();
+    loss.target_v = cublas_->target_value_logits();
+    loss.target_a = cublas_->target_adv_logits();
+    loss.dv = cublas_->d_value();
+    loss.da = cublas_->d_adv();
   }
   loss.actions = actions_.get();
   loss.rewards = rewards_.get();
@@ -614,122 +519,6 @@ absl::Status CudaBackend::EnqueueLoss() {
   loss.q_sum = q_sum_.get();
   loss.q_bad = q_bad_.get();
   QS_CUDA_CHECK(kernels::LaunchC51Loss(loss, stream_.get()));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::EnqueueForward(const float* params, const float* x, int64_t x_stride, int batches,
-                                         Activations* acts) {
-  cudaStream_t s = stream_.get();
-  const int rows = acts->rows;
-  const int64_t n = target_offset_;  // batch stride of weights and biases
-  auto linear = [&](const LinearView& l, const float* in, int64_t in_stride, float* out, bool relu,
-                    const DeviceBuffer<char>& mask) -> absl::Status {
-    const int64_t out_stride = acts->stride(l.out);
-    const cuda::ReluMask m = relu ? Activations::Mask(mask, l.out) : cuda::ReluMask{};
-    if (fused_epilogues_ && (batched_forward_ || batches == 1)) {
-      return gemm_.Forward(in, params + l.w_offset, params + l.b_offset, rows, l.in, l.out, relu, m, out,
-                           cuda::GemmBatch{batches, in_stride, n, out_stride});
-    }
-    for (int b = 0; b < batches; ++b) {
-      const float* pb = params + b * n;
-      const float* ib = in + b * in_stride;
-      float* ob = out + b * out_stride;
-      if (fused_epilogues_) {
-        cuda::ReluMask mb = m;
-        if (mb.bits != nullptr) mb.bits = static_cast<char*>(mb.bits) + b * (mb.ld / 8) * rows;
-        QS_RETURN_IF_ERROR(
-            gemm_.Forward(ib, pb + l.w_offset, pb + l.b_offset, rows, l.in, l.out, relu, mb, ob));
-      } else {
-        QS_RETURN_IF_ERROR(gemm_.Forward(ib, pb + l.w_offset, nullptr, rows, l.in, l.out, false, {}, ob));
-        QS_CUDA_CHECK(kernels::LaunchBiasActivation({ob, rows, l.out}, pb + l.b_offset, relu, s));
-      }
-    }
-    return absl::OkStatus();
-  };
-  const DeviceBuffer<char> none;
-  const float* in = x;
-  int64_t in_stride = x_stride;
-  for (size_t k = 0; k < spec_.trunk.size(); ++k) {
-    QS_RETURN_IF_ERROR(
-        linear(spec_.trunk[k], in, in_stride, acts->trunk[k].get(), true, acts->trunk_mask[k]));
-    in = acts->trunk[k].get();
-    in_stride = acts->stride(spec_.trunk[k].out);
-  }
-  const int64_t head_stride = acts->stride(spec_.head_hidden);
-  QS_RETURN_IF_ERROR(
-      linear(spec_.value_hidden, in, in_stride, acts->value_hidden.get(), true, acts->value_hidden_mask));
-  QS_RETURN_IF_ERROR(
-      linear(spec_.value_out, acts->value_hidden.get(), head_stride, acts->value.get(), false, none));
-  QS_RETURN_IF_ERROR(
-      linear(spec_.adv_hidden, in, in_stride, acts->adv_hidden.get(), true, acts->adv_hidden_mask));
-  return linear(spec_.adv_out, acts->adv_hidden.get(), head_stride, acts->adv.get(), false, none);
-}
-
-// Gradients of the online s rows (the first B rows of every activation and
-// mask). Per layer: the ReLU mask and bias gradient of its output gradient
-// dY (in the epilogue of the GEMM that produced dY, or a small kernel), then
-// dW = dY^T X and dX = dY W for the layer below.
-absl::Status CudaBackend::EnqueueBackward() {
-  cudaStream_t s = stream_.get();
-  const int B = B_;
-  const bool fused = fused_epilogues_;
-  float* g = grads_.get();
-  const float* p = params();
-  const int k_last = static_cast<int>(spec_.trunk.size()) - 1;
-  const float* trunk_out = acts_.trunk[k_last].get();
-  auto head = [&](const LinearView& out_layer, const LinearView& hidden_layer, float* d_out, float* d_hidden,
-                  const float* hidden_act, const DeviceBuffer<char>& hidden_mask) -> absl::Status {
-    if (fused) {
-      QS_RETURN_IF_ERROR(gemm_.BackwardWeight(d_out, hidden_act, B, out_layer.in, out_layer.out,
-                                              g + out_layer.b_offset, g + out_layer.w_offset));
-      QS_RETURN_IF_ERROR(gemm_.BackwardData(d_out, p + out_layer.w_offset, B, out_layer.in, out_layer.out,
-                                            0.0f, Activations::Mask(hidden_mask, hidden_layer.out),
-                                            g + hidden_layer.b_offset, d_hidden));
-    } else {
-      QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_out, B, out_layer.out}, nullptr,
-                                                              g + out_layer.b_offset, s));
-      QS_RETURN_IF_ERROR(gemm_.BackwardWeight(d_out, hidden_act, B, out_layer.in, out_layer.out, nullptr,
-                                              g + out_layer.w_offset));
-      QS_RETURN_IF_ERROR(gemm_.BackwardData(d_out, p + out_layer.w_offset, B, out_layer.in, out_layer.out,
-                                            0.0f, {}, nullptr, d_hidden));
-      QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_hidden, B, hidden_layer.out}, hidden_act,
-                                                              g + hidden_layer.b_offset, s));
-    }
-    return gemm_.BackwardWeight(d_hidden, trunk_out, B, hidden_layer.in, hidden_layer.out, nullptr,
-                                g + hidden_layer.w_offset);
-  };
-  QS_RETURN_IF_ERROR(head(spec_.adv_out, spec_.adv_hidden, d_adv_.get(), d_adv_hidden_.get(),
-                          acts_.adv_hidden.get(), acts_.adv_hidden_mask));
-  QS_RETURN_IF_ERROR(head(spec_.value_out, spec_.value_hidden, d_value_.get(), d_value_hidden_.get(),
-                          acts_.value_hidden.get(), acts_.value_hidden_mask));
-  // d trunk_out = dAH W_ah + dVH W_vh, then its mask and bias gradient.
-  float* d_top = d_trunk_[k_last].get();
-  const LinearView& ah = spec_.adv_hidden;
-  const LinearView& vh = spec_.value_hidden;
-  QS_RETURN_IF_ERROR(
-      gemm_.BackwardData(d_adv_hidden_.get(), p + ah.w_offset, B, ah.in, ah.out, 0.0f, {}, nullptr, d_top));
-  QS_RETURN_IF_ERROR(
-      gemm_.BackwardData(d_value_hidden_.get(), p + vh.w_offset, B, vh.in, vh.out, 1.0f, {}, nullptr, d_top));
-  QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad({d_top, B, spec_.trunk[k_last].out}, trunk_out,
-                                                          g + spec_.trunk[k_last].b_offset, s));
-  for (int k = k_last; k >= 0; --k) {
-    const LinearView& l = spec_.trunk[k];
-    float* dy = d_trunk_[k].get();
-    const float* x = k > 0 ? acts_.trunk[k - 1].get() : x_.get();
-    QS_RETURN_IF_ERROR(gemm_.BackwardWeight(dy, x, B, l.in, l.out, nullptr, g + l.w_offset));
-    if (k == 0) break;
-    const LinearView& below = spec_.trunk[k - 1];
-    float* d_below = d_trunk_[k - 1].get();
-    if (fused) {
-      QS_RETURN_IF_ERROR(gemm_.BackwardData(dy, p + l.w_offset, B, l.in, l.out, 0.0f,
-                                            Activations::Mask(acts_.trunk_mask[k - 1], below.out),
-                                            g + below.b_offset, d_below));
-    } else {
-      QS_RETURN_IF_ERROR(gemm_.BackwardData(dy, p + l.w_offset, B, l.in, l.out, 0.0f, {}, nullptr, d_below));
-      QS_CUDA_CHECK(kernels::LaunchActivationBackwardBiasGrad(
-          {d_below, B, below.out}, acts_.trunk[k - 1].get(), g + below.b_offset, s));
-    }
-  }
   return absl::OkStatus();
 }
 

@@ -4,7 +4,7 @@
 //
 // The network passes run fused (trainer/cuda/fused_network.h: a chain kernel
 // per pass with activations in shared memory, one weight-gradient kernel) or
-// through cuBLASLt (trainer/cuda/gemm.h, bias/ReLU in the epilogues, online
+// through cuBLASLt (trainer/cuda/cublas_network.h, bias/ReLU in the epilogues, online
 // and target forward as one strided-batch GEMM per layer). The environment
 // variable QSTREAM_CUDA_PATH=auto|fused|cublas picks the path (auto: fused up
 // to cuda::kFusedAutoWidth features, where it was measured faster);
