@@ -12,6 +12,7 @@ constexpr int kSampleThreads = 256;  // 8 warps: one sample per warp
 constexpr int kSampleWarps = kSampleThreads / 32;
 constexpr int kChunksPerThread = kMaxPriorityChunks / kSampleThreads;
 constexpr int kMinChunkLog2 = 10;
+constexpr int kLoadBatch = 16;  // slots a lane loads at once in the chunk search
 
 // p -> round(p * 2^shift). Scaling by a power of two is exact; only the
 // rounding to an integer rounds (p * 2^shift < 2^42 is exact in float).
@@ -126,7 +127,18 @@ __device__ __forceinline__ int64_t SearchChunk(const float* __restrict__ p, int6
     const int64_t per = len / 32;
     const int64_t begin = lo + lane * per;
     uint64_t s = 0;
-    for (int64_t i = begin; i < begin + per; ++i) s += i < capacity ? ToFixed(p[i], scale) : 0;
+    // kLoadBatch independent loads in flight per lane (a plain loop issues
+    // one L2 round trip per slot: ncu, 14 us for the kernel at 2^20 slots).
+    for (int64_t i0 = 0; i0 < per; i0 += kLoadBatch) {
+      float v[kLoadBatch];
+#pragma unroll
+      for (int j = 0; j < kLoadBatch; ++j) {
+        const int64_t i = begin + i0 + j;
+        v[j] = i0 + j < per && i < capacity ? p[i] : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kLoadBatch; ++j) s += ToFixed(v[j], scale);
+    }
     const uint64_t incl = WarpInclusiveScan(s, lane);
     const unsigned ballot = __ballot_sync(0xffffffffu, base + incl > u);
     const int k = ballot == 0u ? 31 : __ffs(static_cast<int>(ballot)) - 1;  // nonzero by the precondition
