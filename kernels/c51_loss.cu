@@ -77,82 +77,6 @@ __device__ __forceinline__ float SoftmaxQ(const HeadShape& h, float mx, int lane
   return WarpSum(q);
 }
 
-// Q = sum_z softmax(l)_z atom(z) of one action (l: DuelingLogits' output, mx
-// its max), as sum_z e_z atom(z) / sum_z e_z: the two sums share one
-// butterfly pass and one division, and l is left as it was.
-template <int kAtomsPerLane>
-__device__ __forceinline__ float ExpectedQ(const HeadShape& h, float mx, int lane,
-                                           const float l[kAtomsPerLane]) {
-  float s = 0.0f, sz = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kAtomsPerLane; ++k) {
-    const int z = lane + 32 * k;
-    if (z < h.num_atoms) {
-      const float e = expf(l[k] - mx);
-      s += e;
-      sz += e * Atom(h, z);
-    }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    s += __shfl_xor_sync(0xffffffffu, s, o);
-    sz += __shfl_xor_sync(0xffffffffu, sz, o);
-  }
-  return sz / s;
-}
-
-// Q of actions act and act + 1 (when act + 1 < n; else q[1] is not written)
-// of the branch whose shift is given: two actions' reductions interleaved,
-// so a warp's dependent shuffle chains overlap.
-template <int kAtomsPerLane>
-__device__ __forceinline__ void ActionPairQ(const HeadShape& h, const float* a_branch, int act, int n,
-                                            const float* shift, int lane, float q[2]) {
-  const int Z = h.num_atoms;
-  if (act + 1 >= n) {
-    float l[kAtomsPerLane];
-    const float mx = DuelingLogits<kAtomsPerLane>(a_branch + act * Z, shift, Z, lane, l);
-    q[0] = ExpectedQ<kAtomsPerLane>(h, mx, lane, l);
-    return;
-  }
-  float l0[kAtomsPerLane], l1[kAtomsPerLane];
-  float m0 = -INFINITY, m1 = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < kAtomsPerLane; ++k) {
-    const int z = lane + 32 * k;
-    l0[k] = z < Z ? a_branch[act * Z + z] + shift[k] : -INFINITY;
-    l1[k] = z < Z ? a_branch[(act + 1) * Z + z] + shift[k] : -INFINITY;
-    m0 = fmaxf(m0, l0[k]);
-    m1 = fmaxf(m1, l1[k]);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
-    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
-  }
-  float s0 = 0.0f, sz0 = 0.0f, s1 = 0.0f, sz1 = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kAtomsPerLane; ++k) {
-    const int z = lane + 32 * k;
-    if (z < Z) {
-      const float e0 = expf(l0[k] - m0);
-      const float e1 = expf(l1[k] - m1);
-      s0 += e0;
-      sz0 += e0 * Atom(h, z);
-      s1 += e1;
-      sz1 += e1 * Atom(h, z);
-    }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    s0 += __shfl_xor_sync(0xffffffffu, s0, o);
-    sz0 += __shfl_xor_sync(0xffffffffu, sz0, o);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, o);
-    sz1 += __shfl_xor_sync(0xffffffffu, sz1, o);
-  }
-  q[0] = sz0 / s0;
-  q[1] = sz1 / s1;
-}
-
 // The sample's six logit rows (V and A on s, s' and the target's s'), copied
 // into shared memory by the whole block before the branch loops, which then
 // read them several times over at shared-memory latency. Without it, every
@@ -255,14 +179,12 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a, 
     DuelingShift<kAtomsPerLane>(v_n, a_n, first, n, Z, lane, shift);
     float best = -INFINITY;
     int a_star = 0;
-    for (int act = 0; act < n; act += 2) {
-      float q[2];
-      ActionPairQ<kAtomsPerLane>(h, a_n + first * Z, act, n, shift, lane, q);
-      for (int i = 0; i < 2 && act + i < n; ++i) {
-        if (q[i] > best) {
-          best = q[i];
-          a_star = act + i;
-        }
+    for (int act = 0; act < n; ++act) {
+      const float mx = DuelingLogits<kAtomsPerLane>(a_n + (first + act) * Z, shift, Z, lane, l);
+      const float q = SoftmaxQ<kAtomsPerLane>(h, mx, lane, l);
+      if (q > best) {
+        best = q;
+        a_star = act;
       }
     }
     // Target distribution p_target(s', a*).
@@ -343,15 +265,13 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a, 
     // Q statistics of the online s row, every action of the branch.
     DuelingShift<kAtomsPerLane>(v_s, a_s, first, n, Z, lane, shift);
     float qmin = INFINITY, qmax = -INFINITY, qsum = 0.0f, bad = 0.0f;
-    for (int act = 0; act < n; act += 2) {
-      float q[2];
-      ActionPairQ<kAtomsPerLane>(h, a_s + first * Z, act, n, shift, lane, q);
-      for (int i = 0; i < 2 && act + i < n; ++i) {
-        if (!isfinite(q[i])) bad = 1.0f;
-        qmin = fminf(qmin, q[i]);
-        qmax = fmaxf(qmax, q[i]);
-        qsum += q[i];
-      }
+    for (int act = 0; act < n; ++act) {
+      const float mx = DuelingLogits<kAtomsPerLane>(a_s + (first + act) * Z, shift, Z, lane, l);
+      const float q = SoftmaxQ<kAtomsPerLane>(h, mx, lane, l);
+      if (!isfinite(q)) bad = 1.0f;
+      qmin = fminf(qmin, q);
+      qmax = fmaxf(qmax, q);
+      qsum += q;
     }
     // 7. CE against log_softmax(l(s, a_br)) and its gradient.
     int taken = a.actions[b * NB + br];
@@ -466,16 +386,15 @@ __global__ void __launch_bounds__(kLossWarps * 32)
   const float* v_row = v + int64_t{r} * Z;
   const float* a_row = adv + int64_t{r} * AZ;
   float shift[kAtomsPerLane];
+  float l[kAtomsPerLane];
   for (int br = warp; br < h.num_branches; br += kLossWarps) {
     const int first = h.branch_offset[br];
     const int n = h.branch_offset[br + 1] - first;
     DuelingShift<kAtomsPerLane>(v_row, a_row, first, n, Z, lane, shift);
-    for (int act = 0; act < n; act += 2) {
-      float value[2];
-      ActionPairQ<kAtomsPerLane>(h, a_row + first * Z, act, n, shift, lane, value);
-      for (int i = 0; i < 2 && act + i < n; ++i) {
-        if (lane == 0) q[int64_t{r} * h.total_actions + first + act + i] = value[i];
-      }
+    for (int act = 0; act < n; ++act) {
+      const float mx = DuelingLogits<kAtomsPerLane>(a_row + (first + act) * Z, shift, Z, lane, l);
+      const float value = SoftmaxQ<kAtomsPerLane>(h, mx, lane, l);
+      if (lane == 0) q[int64_t{r} * h.total_actions + first + act] = value;
     }
   }
 }
