@@ -369,10 +369,6 @@ absl::Status CudaBackend::EnqueueStep() {
   const auto& opt = config_.optimizer();
   const kernels::ReplayColumns replay = replay_->columns();
 
-  // 3a. The fused path's operand copies of both networks, forked beside
-  //     steps 1-2 (they read only the parameters).
-  if (fused_ != nullptr) QS_RETURN_IF_ERROR(fused_->EnqueuePack(s));
-
   // 1-2. Sample B slots stratified over the priorities' fixed-point sums,
   //      raw IS weights; gather s, a, R, discount, s' (one launch after the
   //      chunk sums).
@@ -397,7 +393,8 @@ absl::Status CudaBackend::EnqueueStep() {
 
   if (fused_ != nullptr) {
     // 3. Online forward on s and s', target forward on s': one kernel, from
-    //    this step's packed operand copy of both networks (3a, joined here).
+    //    this step's packed operand copy of both networks.
+    QS_RETURN_IF_ERROR(fused_->EnqueuePack(s));
     QS_RETURN_IF_ERROR(fused_->EnqueueForward(s));
     // 4-7. Dueling softmax, double DQN, projection (+ label smoothing), CE
     //      (+ MSE blend), d logits, Q stats.

@@ -348,9 +348,6 @@ absl::Status FusedNetwork::Init(const NetworkSpec& spec, int batch, kernels::Pre
   if (!kernels::PlanGradTiles(&grad_))
     return absl::InternalError("fused network: too many weight-gradient tiles");
 
-  QS_RETURN_IF_ERROR(CreateStream(&side_));
-  QS_RETURN_IF_ERROR(CreateEvent(&fork_, /*timing=*/false));
-  QS_RETURN_IF_ERROR(CreateEvent(&join_, /*timing=*/false));
   QS_RETURN_IF_ERROR(d_pack_.Allocate(1));
   QS_RETURN_IF_ERROR(d_forward_.Allocate(1));
   QS_RETURN_IF_ERROR(d_backward_.Allocate(1));
@@ -366,17 +363,11 @@ absl::Status FusedNetwork::Init(const NetworkSpec& spec, int batch, kernels::Pre
 }
 
 absl::Status FusedNetwork::EnqueuePack(cudaStream_t stream) const {
-  // Fork: the pack on the side stream, beside what `stream` enqueues next.
-  QS_CUDA_CHECK(cudaEventRecord(fork_.get(), stream));
-  QS_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), fork_.get(), 0));
-  QS_CUDA_CHECK(kernels::LaunchPack(pack_, d_pack_.get(), side_.get()));
-  QS_CUDA_CHECK(cudaEventRecord(join_.get(), side_.get()));
+  QS_CUDA_CHECK(kernels::LaunchPack(pack_, d_pack_.get(), stream));
   return absl::OkStatus();
 }
 
 absl::Status FusedNetwork::EnqueueForward(cudaStream_t stream) const {
-  // Join: the forward reads the packed operands.
-  QS_CUDA_CHECK(cudaStreamWaitEvent(stream, join_.get(), 0));
   QS_CUDA_CHECK(kernels::LaunchFusedChain(forward_, d_forward_.get(), stream));
   return absl::OkStatus();
 }

@@ -1,8 +1,6 @@
 // The network passes of the CUDA step on the fused path (kernels/fused_mlp.h):
 // steps 3 and 8 of the learner step as four launches,
-//   Pack      fp32 master parameters -> padded operand copies (online, target),
-//             on a side stream beside the sampler (it needs only the
-//             parameters), joined before the forward
+//   Pack      fp32 master parameters -> padded operand copies (online, target)
 //   Forward   one chain kernel: online on s, online on s', target on s'
 //   Backward  one chain kernel: data gradients of every layer on the s rows
 //   WeightGrad one kernel: dW, db of every layer, and the grad-norm partials
@@ -50,9 +48,7 @@ class FusedNetwork {
   absl::Status Init(const NetworkSpec& spec, int batch, kernels::Precision precision,
                     const FusedNetworkIo& io, cudaStream_t stream);
 
-  // Forks the pack off `stream` (it runs beside what `stream` enqueues next).
   absl::Status EnqueuePack(cudaStream_t stream) const;
-  // Joins the pack, then the forward chain.
   absl::Status EnqueueForward(cudaStream_t stream) const;
   absl::Status EnqueueBackward(cudaStream_t stream) const;  // data gradients, then weight gradients
 
@@ -90,8 +86,6 @@ class FusedNetwork {
   DeviceBuffer<kernels::FusedProgram> d_forward_, d_backward_;
   DeviceBuffer<kernels::GradProgram> d_grad_;
   float* norm_partials_ = nullptr;
-  Stream side_;  // the pack, forked from and joined back into the step's stream
-  Event fork_, join_;
 };
 
 }  // namespace qstream::cuda
