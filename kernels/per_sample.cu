@@ -12,7 +12,8 @@ constexpr int kSampleThreads = 256;  // 8 warps: one sample per warp
 constexpr int kSampleWarps = kSampleThreads / 32;
 constexpr int kChunksPerThread = kMaxPriorityChunks / kSampleThreads;
 constexpr int kMinChunkLog2 = 10;
-constexpr int kLoadBatch = 16;  // slots a lane loads at once in the chunk search
+constexpr int kLoadBatch = 16;  // slots a lane loads at once
+constexpr int kSubChunks = 32;  // per chunk, one per lane of the search
 
 // p -> round(p * 2^shift). Scaling by a power of two is exact; only the
 // rounding to an integer rounds (p * 2^shift < 2^42 is exact in float).
@@ -73,22 +74,40 @@ __device__ __forceinline__ int WarpUpperBound(const uint64_t* prefix, int n, uin
   return lo;
 }
 
-// chunk_sums[c] = sum of the fixed-point priorities of chunk c.
+// Block c: sub[c * 32 + j] = the fixed-point sum of sub-chunk j of chunk c
+// (2^(chunk_log2 - 5) slots, read coalesced by one warp), then chunk[c] =
+// their sum. Slots at or past capacity count 0.
 __global__ void __launch_bounds__(kChunkThreads)
     ChunkSumsKernel(const float* __restrict__ p, int64_t capacity, int chunk_log2, float scale,
-                    uint64_t* __restrict__ sums) {
-  __shared__ uint64_t warp_sums[kChunkThreads / 32];
-  const int64_t begin = int64_t{blockIdx.x} << chunk_log2;
-  const int64_t end = min(begin + (int64_t{1} << chunk_log2), capacity);
-  uint64_t s = 0;
-  for (int64_t i = begin + threadIdx.x; i < end; i += kChunkThreads) s += ToFixed(p[i], scale);
-  s = WarpSumU64(s);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = s;
+                    uint64_t* __restrict__ chunk, uint64_t* __restrict__ sub) {
+  __shared__ uint64_t sub_sums[kSubChunks];
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int64_t sub_len = int64_t{1} << (chunk_log2 - 5);
+  for (int j = warp; j < kSubChunks; j += kChunkThreads / 32) {
+    const int64_t begin = (int64_t{blockIdx.x} << chunk_log2) + j * sub_len;
+    uint64_t s = 0;
+    for (int64_t i0 = 0; i0 < sub_len; i0 += 32 * kLoadBatch) {
+      float v[kLoadBatch];
+#pragma unroll
+      for (int k = 0; k < kLoadBatch; ++k) {
+        const int64_t off = i0 + 32 * k + lane;
+        v[k] = off < sub_len && begin + off < capacity ? p[begin + off] : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kLoadBatch; ++k) s += ToFixed(v[k], scale);
+    }
+    s = WarpSumU64(s);
+    if (lane == 0) {
+      sub_sums[j] = s;
+      sub[int64_t{blockIdx.x} * kSubChunks + j] = s;
+    }
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     uint64_t t = 0;
-    for (int w = 0; w < kChunkThreads / 32; ++w) t += warp_sums[w];
-    sums[blockIdx.x] = t;
+    for (int j = 0; j < kSubChunks; ++j) t += sub_sums[j];
+    chunk[blockIdx.x] = t;
   }
 }
 
@@ -160,7 +179,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     StratifiedSampleKernel(PrioritySampleArgs a, int chunk_log2, int chunks) {
   __shared__ uint64_t prefix[kMaxPriorityChunks];
   __shared__ uint64_t warp_totals[kSampleWarps];
-  ScanChunkSums(a.chunk_sums, chunks, prefix, warp_totals);
+  ScanChunkSums(a.sums, chunks, prefix, warp_totals);
   const int lane = threadIdx.x % 32;
   const int b = blockIdx.x * kSampleWarps + threadIdx.x / 32;
   if (b >= a.batch) return;  // the whole warp leaves together: the ballots see 32 lanes
@@ -174,10 +193,19 @@ __global__ void __launch_bounds__(kSampleThreads)
   const uint64_t u_int = static_cast<uint64_t>(floor(u));
   const float scale = ldexpf(1.0f, a.fixed_shift);
   const int c = WarpUpperBound(prefix, chunks, u_int, lane);
-  const int64_t j = c == chunks
-                        ? r.capacity
-                        : SearchChunk(r.priorities, r.capacity, scale, int64_t{c} << chunk_log2,
-                                      int64_t{1} << chunk_log2, c > 0 ? prefix[c - 1] : 0, u_int, lane);
+  int64_t j = r.capacity;
+  if (c < chunks) {
+    // The sub-chunk: one sum per lane, an exact scan, the first lane above u.
+    uint64_t base = c > 0 ? prefix[c - 1] : 0;
+    const uint64_t s = a.sums[chunks + int64_t{c} * kSubChunks + lane];
+    const uint64_t incl = WarpInclusiveScan(s, lane);
+    const unsigned ballot = __ballot_sync(0xffffffffu, base + incl > u_int);
+    const int k = ballot == 0u ? 31 : __ffs(static_cast<int>(ballot)) - 1;  // nonzero: prefix[c] > u
+    base += __shfl_sync(0xffffffffu, incl - s, k);
+    const int64_t sub_len = int64_t{1} << (chunk_log2 - 5);
+    j = SearchChunk(r.priorities, r.capacity, scale, (int64_t{c} << chunk_log2) + k * sub_len, sub_len, base,
+                    u_int, lane);
+  }
   const int64_t idx = j < size ? j : size - 1;
   if (lane == 0) {
     const double total_real = static_cast<double>(total) / ldexp(1.0, a.fixed_shift);
@@ -221,13 +249,15 @@ int64_t PriorityChunks(int64_t capacity) {
   return (capacity + (int64_t{1} << log2) - 1) >> log2;
 }
 
+int64_t PrioritySumWords(int64_t capacity) { return PriorityChunks(capacity) * (1 + kSubChunks); }
+
 cudaError_t LaunchPrioritySample(const PrioritySampleArgs& a, cudaStream_t stream) {
   const int64_t capacity = a.replay.capacity;
   if (capacity <= 0) return cudaErrorInvalidValue;
   const int chunk_log2 = PriorityChunkLog2(capacity);
   const int chunks = static_cast<int>(PriorityChunks(capacity));
-  ChunkSumsKernel<<<chunks, kChunkThreads, 0, stream>>>(a.replay.priorities, capacity, chunk_log2,
-                                                        std::ldexp(1.0f, a.fixed_shift), a.chunk_sums);
+  ChunkSumsKernel<<<chunks, kChunkThreads, 0, stream>>>(
+      a.replay.priorities, capacity, chunk_log2, std::ldexp(1.0f, a.fixed_shift), a.sums, a.sums + chunks);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || a.batch <= 0) return err;
   StratifiedSampleKernel<<<(a.batch + kSampleWarps - 1) / kSampleWarps, kSampleThreads, 0, stream>>>(

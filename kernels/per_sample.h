@@ -27,11 +27,13 @@ int FixedPointShift(int64_t capacity);
 inline constexpr int kMaxPriorityChunks = 2048;
 int PriorityChunkLog2(int64_t capacity);
 int64_t PriorityChunks(int64_t capacity);
+// uint64 words of the sums' scratch: the chunk sums, then 32 sub-chunk sums per chunk.
+int64_t PrioritySumWords(int64_t capacity);
 
 struct PrioritySampleArgs {
   // Priorities (already ^alpha) and, when obs is set, the columns to gather.
   ReplayColumns replay;
-  uint64_t* chunk_sums = nullptr;  // PriorityChunks(capacity), scratch
+  uint64_t* sums = nullptr;  // PrioritySumWords(capacity), scratch
   int fixed_shift = 0;
   const DeviceState* state = nullptr;  // reads t and replay_size
   uint64_t seed = 0;
@@ -50,8 +52,9 @@ struct PrioritySampleArgs {
 };
 
 // Two launches, no stored prefix and no temp storage:
-//  1. ChunkSums, one block per chunk: chunk_sums[c] = the sum of
-//     rint(p_i * 2^shift) over the chunk's slots (exact, uint64).
+//  1. ChunkSums, one block per chunk: the sum of rint(p_i * 2^shift)
+//     (exact, uint64) over each of the chunk's 32 sub-chunks, and over the
+//     chunk.
 //  2. StratifiedSample, one warp per sample (ceil(B/8) blocks of 8 warps).
 //     Each block first scans the chunk sums into shared memory (the chunk
 //     prefix; total = its last entry). Then per sample b:
@@ -59,10 +62,10 @@ struct PrioritySampleArgs {
 //     in [0, capacity) with prefix_j > floor(u_b), where prefix is the
 //     inclusive fixed-point prefix over the slots (capacity when none),
 //     clamped to size-1. The chunk is found by a 32-ary search of the chunk
-//     prefix, then the slot by splitting the chunk into 32 contiguous
-//     sub-ranges (one lane's sum each, an exact warp scan, a ballot) until one
-//     slot per lane is left: the same answer as a binary search of the full
-//     prefix, bit for bit.
+//     prefix, the sub-chunk by a warp scan of its 32 sums and a ballot, then
+//     the slot by splitting the sub-chunk the same way (one lane's sum of a
+//     contiguous run each) until one slot per lane is left: the same answer as
+//     a binary search of the full prefix, bit for bit.
 //     w_b = (size p_idx / total)^-beta, beta = fma(beta_end - beta_start,
 //     min(1, t / anneal_steps), beta_start) (beta_end when anneal_steps == 0),
 //     written RAW: every consumer (the loss kernel, the finalize) divides by

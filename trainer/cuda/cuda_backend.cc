@@ -158,7 +158,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer<float> weights_, x_, rewards_, discounts_;
   // Per-sample loss outputs and reductions.
   DeviceBuffer<float> ce_, item_loss_, clip_mass_, q_min_, q_max_, q_sum_, norm_partials_;
-  DeviceBuffer<uint64_t> chunk_sums_;
+  DeviceBuffer<uint64_t> priority_sums_;
   int fixed_shift_ = 0;
 
   cuda::Graph graph_;
@@ -272,7 +272,7 @@ absl::Status CudaBackend::Init() {
   static_assert(kernels::kMaxGradTiles <= kernels::kNormBlocks,
                 "weight-gradient tiles write the norm partials");
   QS_RETURN_IF_ERROR(norm_partials_.Allocate(kernels::kNormBlocks));
-  QS_RETURN_IF_ERROR(chunk_sums_.Allocate(kernels::PriorityChunks(capacity)));
+  QS_RETURN_IF_ERROR(priority_sums_.Allocate(kernels::PrioritySumWords(capacity)));
   fixed_shift_ = kernels::FixedPointShift(capacity);
 
   QS_RETURN_IF_ERROR(stats_host_.Allocate(kStatsSlots));
@@ -374,7 +374,7 @@ absl::Status CudaBackend::EnqueueStep() {
   //      chunk sums).
   kernels::PrioritySampleArgs sample;
   sample.replay = replay;
-  sample.chunk_sums = chunk_sums_.get();
+  sample.sums = priority_sums_.get();
   sample.fixed_shift = fixed_shift_;
   sample.state = state_.get();
   sample.seed = config_.seed();
