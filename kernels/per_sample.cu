@@ -87,15 +87,10 @@ __global__ void __launch_bounds__(kChunkThreads)
   for (int j = warp; j < kSubChunks; j += kChunkThreads / 32) {
     const int64_t begin = (int64_t{blockIdx.x} << chunk_log2) + j * sub_len;
     uint64_t s = 0;
-    for (int64_t i0 = 0; i0 < sub_len; i0 += 32 * kLoadBatch) {
-      float v[kLoadBatch];
-#pragma unroll
-      for (int k = 0; k < kLoadBatch; ++k) {
-        const int64_t off = i0 + 32 * k + lane;
-        v[k] = off < sub_len && begin + off < capacity ? p[begin + off] : 0.0f;
-      }
-#pragma unroll
-      for (int k = 0; k < kLoadBatch; ++k) s += ToFixed(v[k], scale);
+    // One slot per lane per round (sub_len is 32 up to 2^20 slots): a
+    // conversion to u64 is slow, so none is spent on padding.
+    for (int64_t off = lane; off < sub_len; off += 32) {
+      if (begin + off < capacity) s += ToFixed(p[begin + off], scale);
     }
     s = WarpSumU64(s);
     if (lane == 0) {
@@ -156,7 +151,9 @@ __device__ __forceinline__ int64_t SearchChunk(const float* __restrict__ p, int6
         v[j] = i0 + j < per && i < capacity ? p[i] : 0.0f;
       }
 #pragma unroll
-      for (int j = 0; j < kLoadBatch; ++j) s += ToFixed(v[j], scale);
+      for (int j = 0; j < kLoadBatch; ++j) {
+        if (i0 + j < per) s += ToFixed(v[j], scale);
+      }
     }
     const uint64_t incl = WarpInclusiveScan(s, lane);
     const unsigned ballot = __ballot_sync(0xffffffffu, base + incl > u);
