@@ -224,6 +224,13 @@ std::shared_ptr<IngestSession> IngestSessions::Attach(const std::string& stream_
 }
 
 void IngestSessions::Submit(const std::shared_ptr<IngestSession>& session, IncomingBatch batch, Done done) {
+  Queue(session, std::move(batch), std::move(done));
+  Pump(session->record());
+}
+
+void IngestSessions::Pump(const std::shared_ptr<IngestSession>& session) { Pump(session->record()); }
+
+void IngestSessions::Queue(const std::shared_ptr<IngestSession>& session, IncomingBatch batch, Done done) {
   const int64_t bytes = batch.bytes();
   if (!TryReserve(bytes)) {
     counters_->Rejected("queued_bytes");
@@ -235,7 +242,7 @@ void IngestSessions::Submit(const std::shared_ptr<IngestSession>& session, Incom
   Work work = Work::Of(Work::Type::kBatch, std::move(done));
   work.reserved_bytes = bytes;
   work.batch = std::move(batch);
-  Post(session->record(), std::move(work));
+  Post(session->record(), std::move(work), /*pump=*/false);
 }
 
 void IngestSessions::Detach(const std::shared_ptr<IngestSession>& session, bool clean, Done flushed) {
@@ -269,12 +276,12 @@ void IngestSessions::Detach(const std::shared_ptr<IngestSession>& session, bool 
   flushed(Outcome(replay_size_.load(std::memory_order_relaxed)));
 }
 
-void IngestSessions::Post(const std::shared_ptr<IngestRecord>& r, Work work) {
+void IngestSessions::Post(const std::shared_ptr<IngestRecord>& r, Work work, bool pump) {
   {
     absl::MutexLock lock(&r->mu);
     r->queue.push_back(std::move(work));
   }
-  Pump(r);
+  if (pump) Pump(r);
 }
 
 void IngestSessions::Pump(const std::shared_ptr<IngestRecord>& r) {

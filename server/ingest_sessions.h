@@ -111,6 +111,15 @@ class IngestSessions {
   // before `done` ran (pipelining).
   void Submit(const std::shared_ptr<IngestSession>& session, IncomingBatch batch, Done done)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Submit in two halves, for a stream that starts its next read in between
+  // (so that the next message is decoded and validated on another thread
+  // while this one is assembled and inserted): Queue fixes the batch's place
+  // in the session's order (and may run `done` inline, as Submit does);
+  // Pump issues whatever is queued, or returns at once while another thread
+  // pumps the session (that thread then issues it).
+  void Queue(const std::shared_ptr<IngestSession>& session, IncomingBatch batch, Done done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Pump(const std::shared_ptr<IngestSession>& session) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The stream ends. clean (a half-close): the session's windows are flushed
   // into the replay and `flushed` runs once they are committed (or failed);
@@ -153,8 +162,8 @@ class IngestSessions {
   // this bounds a session taken over while its old stream's items run).
   static constexpr size_t kMaxTicketsPerSession = 1024;
 
-  // Queues `work` on the record and pumps it.
-  void Post(const std::shared_ptr<IngestRecord>& r, Work work) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues `work` on the record and pumps it (unless `pump` is false).
+  void Post(const std::shared_ptr<IngestRecord>& r, Work work, bool pump = true) ABSL_LOCKS_EXCLUDED(mu_);
   // Issues queued work items of `r` while they may go (one thread at a time).
   void Pump(const std::shared_ptr<IngestRecord>& r) ABSL_LOCKS_EXCLUDED(mu_);
   // Assembles one work item against the record's issued state and hands its
