@@ -39,7 +39,7 @@ NStepWindow NStepAssembler::EmptyWindow() const {
 
 void NStepAssembler::Push(NStepWindow& w, const float* obs, const int32_t* actions, float reward,
                           const float* next_obs) const {
-  const int slot = (w.head + w.size) % n_;
+  const int slot = Wrap(w.head + w.size);
   std::copy(obs, obs + obs_dim_, this->obs(w, slot));
   std::copy(actions, actions + branches_, w.actions.begin() + static_cast<size_t>(slot) * branches_);
   rewards(w)[slot] = reward;
@@ -54,10 +54,10 @@ void NStepAssembler::Emit(const NStepWindow& w, int offset, int end, const float
   double discount = 1;
   const float* r = rewards(w);
   for (int k = offset; k < end; ++k) {
-    ret += discount * r[(w.head + k) % n_];
+    ret += discount * r[Wrap(w.head + k)];
     discount *= gamma_;
   }
-  const int slot = (w.head + offset) % n_;
+  const int slot = Wrap(w.head + offset);
   const float* o = obs(w, slot);
   out->obs.insert(out->obs.end(), o, o + obs_dim_);
   out->actions.insert(out->actions.end(), w.actions.begin() + static_cast<size_t>(slot) * branches_,
@@ -71,7 +71,7 @@ void NStepAssembler::Emit(const NStepWindow& w, int offset, int end, const float
 void NStepAssembler::EmitAll(const NStepWindow& w, bool terminal, TransitionColumns* out) const {
   if (w.awaiting) {
     // The newest step has no next state; the ones before it bootstrap from its obs.
-    const float* next = obs(w, (w.head + w.size - 1) % n_);
+    const float* next = obs(w, Wrap(w.head + w.size - 1));
     for (int k = 0; k + 1 < w.size; ++k) Emit(w, k, w.size - 1, next, terminal, out);
     return;
   }
@@ -135,7 +135,7 @@ int64_t NStepAssembler::Advance(const IncomingBatch& batch, NStepWindows* window
     if (w.awaiting && w.size == n_) {
       // This row's obs is the newest step's next state: the oldest item is complete.
       if (out != nullptr) Emit(w, 0, n_, obs, /*terminal=*/false, out);
-      w.head = (w.head + 1) % n_;
+      w.head = Wrap(w.head + 1);
       --w.size;
     }
     const bool done = batch.done[i] != 0;
@@ -155,7 +155,7 @@ int64_t NStepAssembler::Advance(const IncomingBatch& batch, NStepWindows* window
       emptied = true;
     } else if (w.size == n_ && !w.awaiting) {
       if (out != nullptr) Emit(w, 0, n_, last_next_obs(w), /*terminal=*/false, out);
-      w.head = (w.head + 1) % n_;
+      w.head = Wrap(w.head + 1);
       --w.size;
     }
   }
@@ -168,12 +168,12 @@ void NStepAssembler::Keep(NStepWindow& w, const float* obs, const int32_t* actio
                           const float* next_obs) const {
   // Advance's steps for such a row, without the items it emits.
   if (w.awaiting && w.size == n_) {
-    w.head = (w.head + 1) % n_;
+    w.head = Wrap(w.head + 1);
     --w.size;
   }
   Push(w, obs, actions, reward, next_obs);
   if (w.size == n_ && !w.awaiting) {
-    w.head = (w.head + 1) % n_;
+    w.head = Wrap(w.head + 1);
     --w.size;
   }
 }
@@ -280,7 +280,7 @@ void NStepAssembler::Save(const NStepWindows& windows,
     v1::NStepWindowState* s = out->Add();
     s->set_env_id(id);
     for (int k = 0; k < w.size; ++k) {
-      const int slot = (w.head + k) % n_;
+      const int slot = Wrap(w.head + k);
       const float* o = obs(w, slot);
       s->mutable_obs()->Add(o, o + obs_dim_);
       s->mutable_actions()->Add(w.actions.begin() + static_cast<size_t>(slot) * branches_,

@@ -118,6 +118,9 @@ class NStepAssembler {
   NStepWindow EmptyWindow() const;
   // The env_ids of `windows`, ascending.
   static std::vector<uint32_t> SortedIds(const NStepWindows& windows);
+  // (head + k) mod n for a slot head < n and an offset k <= n: without the
+  // integer division, which ran several times per row and per item.
+  int Wrap(int i) const { return i < n_ ? i : i - n_; }
   // Views into a window's `values` (layout above).
   float* obs(NStepWindow& w, int slot) const {
     return w.values.data() + static_cast<size_t>(slot) * obs_dim_;
