@@ -41,18 +41,16 @@ grpc::Status NotInserted(const absl::Status& status, const std::string& what) {
 // stream's ingest session, and the next one is read at once while at most
 // server.max_in_flight_per_stream batches wait for their outcome. Each read
 // batch takes a slot in `slots_`; outcomes fill their slots in any order and
-// acks are written from the front, one per batch, in read order, in runs: a
-// ready ack waits while batches behind it still wait for their outcome,
-// until a quarter of the window is ready, and a run is written with buffer
-// hints so that it leaves in one send.
+// acks are written from the front, one per batch, in read order (an ack that
+// has ready acks behind it is written with a buffer hint, so a run of them
+// leaves in one send).
 class ExperienceService::StreamReactor final : public Reactor,
                                                public std::enable_shared_from_this<StreamReactor> {
  public:
   StreamReactor(ExperienceService* service, grpc::CallbackServerContext* context)
       : service_(service),
         context_(context),
-        window_(static_cast<size_t>(service->config_.server().max_in_flight_per_stream())),
-        ack_run_(std::max<size_t>(1, window_ / 4)) {}
+        window_(static_cast<size_t>(service->config_.server().max_in_flight_per_stream())) {}
 
   void Begin() {
     self_ = shared_from_this();
@@ -329,22 +327,9 @@ class ExperienceService::StreamReactor final : public Reactor,
       }
       if (!slots_.empty()) {
         if (!slots_.front().ready) return;
-        if (run_left_ == 0) {
-          // While the stream reads on and a batch behind the ready ones still
-          // waits for its outcome, acks are held until a quarter of the
-          // window is ready: a run goes out in one write (one send, one
-          // wake-up of the client's reader) instead of one per batch. Every
-          // held batch's outcome comes without the client, so the hold ends.
-          size_t ready = 1;
-          while (ready < slots_.size() && slots_[ready].ready) ++ready;
-          const bool hold = ready < slots_.size() && ready < ack_run_ && !read_closed_ && !end_.has_value();
-          if (hold) return;
-          run_left_ = ready;
-        }
-        --run_left_;
         writing_ = true;
         grpc::WriteOptions options;
-        if (run_left_ > 0) options.set_buffer_hint();  // more of the run follow at once
+        if (slots_.size() > 1 && slots_[1].ready) options.set_buffer_hint();  // more follow at once
         StartWrite(&*slots_.front().ack, options);
         return;
       }
@@ -387,7 +372,6 @@ class ExperienceService::StreamReactor final : public Reactor,
     {
       absl::MutexLock lock(&mu_);
       read_closed_ = true;
-      run_left_ = 0;
       // Drop the unwritten acks; one being written stays until OnWriteDone.
       if (writing_) {
         slots_.erase(slots_.begin() + 1, slots_.end());
@@ -424,7 +408,6 @@ class ExperienceService::StreamReactor final : public Reactor,
   ExperienceService* const service_;
   grpc::CallbackServerContext* const context_;
   const size_t window_;
-  const size_t ack_run_;  // acks held back until this many are ready (see Pump)
   std::shared_ptr<StreamReactor> self_;
   std::atomic<bool> slot_released_{false};
 
@@ -433,7 +416,6 @@ class ExperienceService::StreamReactor final : public Reactor,
   uint64_t first_slot_ ABSL_GUARDED_BY(mu_) = 0;  // the id of slots_.front()
   bool reading_ ABSL_GUARDED_BY(mu_) = false;     // a read is pending or its reaction runs
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  size_t run_left_ ABSL_GUARDED_BY(mu_) = 0;  // acks of the run being written not yet started
   bool read_closed_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);  // finish with this once acks are written
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
