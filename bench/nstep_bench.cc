@@ -1,7 +1,9 @@
 // `qstream-bench nstep`: what the daemon's server-side n-step assembly costs
 // per transition for KIND_STEP batches (a vector env of --envs envs sending
 // one step each per message), as an ingest session runs it: Add advances the
-// issued windows, Replay the committed windows at delivery.
+// issued windows, and the committed windows take the batch at delivery:
+// CommittedWindows (a log folded every few batches; --commit=lazy, the
+// session's way) or NStepAssembler::Replay of every batch (--commit=eager).
 // One JSON line, the median of --repeats timings of --batches batches.
 #include <algorithm>
 #include <chrono>
@@ -14,6 +16,7 @@
 #include "bench/bench.h"
 #include "nlohmann/json.hpp"
 #include "qstream/version.h"
+#include "server/committed_windows.h"
 #include "server/nstep.h"
 #include "trainer/network_spec.h"
 
@@ -29,6 +32,7 @@ struct Flags {
   int batches = 2000;
   int repeats = 5;
   bool step_stream = false;  // --form=stream: next_obs only at episode ends (final_obs)
+  bool eager = false;        // --commit=eager: Replay every batch into the committed windows
 };
 
 absl::Status Parse(int argc, char** argv, Flags* f) {
@@ -36,6 +40,10 @@ absl::Status Parse(int argc, char** argv, Flags* f) {
     if (name == "form") {
       f->step_stream = value == "stream";
       return value == "stream" || value == "full" ? FlagValue::kOk : FlagValue::kBad;
+    }
+    if (name == "commit") {
+      f->eager = value == "eager";
+      return value == "eager" || value == "lazy" ? FlagValue::kOk : FlagValue::kBad;
     }
     int* target = name == "envs"             ? &f->envs
                   : name == "obs_dim"        ? &f->obs_dim
@@ -54,7 +62,8 @@ void Usage() {
   std::fprintf(stderr,
                "usage: qstream-bench nstep [--envs=1024] [--obs_dim=48] [--branches=4] [--n_step=3]\n"
                "                           [--episode_length=200] [--batches=2000] [--repeats=5]\n"
-               "                           [--form=full|stream (next_obs only at episode ends)]\n");
+               "                           [--form=full|stream (next_obs only at episode ends)]\n"
+               "                           [--commit=lazy|eager (Replay every batch at delivery)]\n");
 }
 
 absl::Status Run(const Flags& f) {
@@ -104,6 +113,13 @@ absl::Status Run(const Flags& f) {
   int64_t emitted = 0;
   for (int r = 0; r < f.repeats; ++r) {
     NStepWindows committed, issued;
+    CommittedWindows lazy(&assembler);
+    // The session hands its own batch over (a move): copied here, untimed.
+    std::vector<IncomingBatch> handed;
+    if (!f.eager) {
+      handed.reserve(f.batches);
+      for (int i = 0; i < f.batches; ++i) handed.push_back(batches[i % batches.size()]);
+    }
     TransitionColumns out;
     out.obs_dim = f.obs_dim;
     out.num_branches = f.branches;
@@ -117,7 +133,11 @@ absl::Status Run(const Flags& f) {
       out.discounts.clear();
       const IncomingBatch& batch = batches[i % batches.size()];
       if (auto error = assembler.Add(batch, &issued, &out)) return absl::InternalError(error->message);
-      assembler.Replay(batch, &committed);
+      if (f.eager) {
+        assembler.Replay(batch, &committed);
+      } else {
+        lazy.Commit(std::move(handed[i]), 0);
+      }
       emitted += out.n;
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -132,6 +152,7 @@ absl::Status Run(const Flags& f) {
                       {"branches", f.branches},
                       {"n_step", f.n_step},
                       {"form", f.step_stream ? "stream" : "full"},
+                      {"committed_windows", f.eager ? "eager" : "lazy"},
                       {"batches", f.batches},
                       {"repeats", f.repeats},
                       {"ns_per_transition_median", median},

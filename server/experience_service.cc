@@ -153,11 +153,17 @@ class ExperienceService::StreamReactor final : public Reactor,
     }
     const int64_t lag = std::max<int64_t>(
         0, service_->policy_version_.load(std::memory_order_relaxed) - incoming.policy_version);
-    service_->sessions_->Submit(session_, std::move(incoming),
-                                [self = shared_from_this(), slot, sequence, lag](IngestOutcome outcome) {
-                                  self->OnOutcome(slot, sequence, std::move(outcome), lag);
-                                });
+    // The batch takes its place in the session's order before the next read
+    // starts; that read's message is then decoded and validated on another
+    // thread while this one assembles and inserts the session's queue.
+    IngestSessions* const sessions = service_->sessions_;
+    const std::shared_ptr<IngestSession> session = session_;
+    sessions->Queue(session, std::move(incoming),
+                    [self = shared_from_this(), slot, sequence, lag](IngestOutcome outcome) {
+                      self->OnOutcome(slot, sequence, std::move(outcome), lag);
+                    });
     ReadNext(/*read_reaction_over=*/true);
+    sessions->Pump(session);
   }
 
   void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/batch_columns.h"
+#include "server/committed_windows.h"
 
 namespace qstream {
 
@@ -58,17 +59,19 @@ struct IngestSessions::Ticket {
   bool flush = false;         // a window flush (counted as accepted with lag 0)
   uint64_t sequence = 0;      // committed with the windows; 0: nothing to commit
   // What the item does to the committed windows at delivery: a KIND_STEP
-  // batch replays its steps into them (NStepAssembler::Replay), a flush
-  // empties them.
+  // batch's steps join them (CommittedWindows::Commit), a flush empties them.
   std::optional<IncomingBatch> step_batch;
   bool clear_windows = false;
-  int64_t release_bytes = 0;  // returned to queued_bytes_ at delivery, less the windows gained
+  // Returned to queued_bytes_ at delivery; a committed step batch's stay
+  // counted until the committed windows fold it.
+  int64_t release_bytes = 0;
   IngestOutcome outcome;
   Done done;
 };
 
 struct IngestRecord {
-  IngestRecord(std::string id, uint64_t key) : stream_id(std::move(id)), private_key(key) {}
+  IngestRecord(std::string id, uint64_t key, const NStepAssembler* assembler)
+      : stream_id(std::move(id)), private_key(key), windows(assembler) {}
 
   const std::string stream_id;  // "" for a private session
   const uint64_t private_key;   // the owning handle's id for a private session, else 0
@@ -76,7 +79,7 @@ struct IngestRecord {
   absl::Mutex mu;
   // Committed with the insert that made them true (what a checkpoint saves).
   uint64_t last_sequence ABSL_GUARDED_BY(mu) = 0;
-  NStepWindows windows ABSL_GUARDED_BY(mu);
+  CommittedWindows windows ABSL_GUARDED_BY(mu);
   // The same as they will be once every issued ticket committed: the next
   // work item is assembled against these, so a stream's batches pipeline
   // into the learner instead of waiting one learner round each.
@@ -198,11 +201,11 @@ std::shared_ptr<IngestSession> IngestSessions::Attach(const std::string& stream_
     const uint64_t id = next_handle_id_++;
     std::shared_ptr<IngestRecord> r;
     if (stream_id.empty()) {
-      r = std::make_shared<IngestRecord>("", id);
+      r = std::make_shared<IngestRecord>("", id, &assembler_);
       private_[id] = r;
     } else {
       std::shared_ptr<IngestRecord>& slot = sessions_[stream_id];
-      if (slot == nullptr) slot = std::make_shared<IngestRecord>(stream_id, 0);
+      if (slot == nullptr) slot = std::make_shared<IngestRecord>(stream_id, 0, &assembler_);
       r = slot;
     }
     handle = std::make_shared<IngestSession>(r, id, std::move(on_superseded));
@@ -224,6 +227,13 @@ std::shared_ptr<IngestSession> IngestSessions::Attach(const std::string& stream_
 }
 
 void IngestSessions::Submit(const std::shared_ptr<IngestSession>& session, IncomingBatch batch, Done done) {
+  Queue(session, std::move(batch), std::move(done));
+  Pump(session->record());
+}
+
+void IngestSessions::Pump(const std::shared_ptr<IngestSession>& session) { Pump(session->record()); }
+
+void IngestSessions::Queue(const std::shared_ptr<IngestSession>& session, IncomingBatch batch, Done done) {
   const int64_t bytes = batch.bytes();
   if (!TryReserve(bytes)) {
     counters_->Rejected("queued_bytes");
@@ -235,7 +245,7 @@ void IngestSessions::Submit(const std::shared_ptr<IngestSession>& session, Incom
   Work work = Work::Of(Work::Type::kBatch, std::move(done));
   work.reserved_bytes = bytes;
   work.batch = std::move(batch);
-  Post(session->record(), std::move(work));
+  Post(session->record(), std::move(work), /*pump=*/false);
 }
 
 void IngestSessions::Detach(const std::shared_ptr<IngestSession>& session, bool clean, Done flushed) {
@@ -269,12 +279,12 @@ void IngestSessions::Detach(const std::shared_ptr<IngestSession>& session, bool 
   flushed(Outcome(replay_size_.load(std::memory_order_relaxed)));
 }
 
-void IngestSessions::Post(const std::shared_ptr<IngestRecord>& r, Work work) {
+void IngestSessions::Post(const std::shared_ptr<IngestRecord>& r, Work work, bool pump) {
   {
     absl::MutexLock lock(&r->mu);
     r->queue.push_back(std::move(work));
   }
-  Pump(r);
+  if (pump) Pump(r);
 }
 
 void IngestSessions::Pump(const std::shared_ptr<IngestRecord>& r) {
@@ -290,7 +300,8 @@ void IngestSessions::Pump(const std::shared_ptr<IngestRecord>& r) {
       if (r->failed && r->tickets.empty()) {
         r->failed = false;
         r->issued_sequence = r->last_sequence;
-        r->issued_windows = r->windows;
+        Release(r->windows.Fold());
+        r->issued_windows = r->windows.windows();
       }
       if (!r->CanIssue()) {
         r->pumping = false;
@@ -380,7 +391,6 @@ void IngestSessions::Issue(const std::shared_ptr<IngestRecord>& r, Work& work) {
 }
 
 void IngestSessions::Deliver(const std::shared_ptr<IngestRecord>& r) {
-  const int64_t window_bytes = assembler_.window_bytes();
   bool delivered = false;
   {
     absl::MutexLock lock(&r->mu);
@@ -406,15 +416,13 @@ void IngestSessions::Deliver(const std::shared_ptr<IngestRecord>& r) {
             t.outcome.episodes = {};
           }
         } else {
-          int64_t gained = 0;
           if (t.clear_windows) {
-            gained = -static_cast<int64_t>(r->windows.size());
-            r->windows.clear();
+            t.release_bytes += r->windows.Clear();
           } else if (t.step_batch.has_value()) {
-            gained = assembler_.Replay(*t.step_batch, &r->windows);
-            t.step_batch.reset();  // its bytes go back with release_bytes below
+            // Its bytes (and the windows it may open) stay counted in the log.
+            t.release_bytes = r->windows.Commit(std::move(*t.step_batch), t.release_bytes);
+            t.step_batch.reset();
           }
-          t.release_bytes -= gained * window_bytes;
           r->last_sequence = std::max(r->last_sequence, t.sequence);
         }
         ready.push_back(std::move(t));
@@ -442,7 +450,9 @@ void IngestSessions::MaybeForgetPrivate(const std::shared_ptr<IngestRecord>& r) 
   absl::MutexLock record_lock(&r->mu);
   // Windows that could not be inserted (learner stopped) stay for the
   // final checkpoint, whose restore flushes them.
-  if (r->holder == 0 && r->windows.empty() && r->Idle()) private_.erase(r->private_key);
+  if (r->holder != 0 || !r->Idle()) return;
+  Release(r->windows.Fold());
+  if (r->windows.windows().empty()) private_.erase(r->private_key);
 }
 
 void IngestSessions::EvictLocked(std::vector<std::shared_ptr<IngestRecord>>* evicted) {
@@ -477,7 +487,9 @@ void IngestSessions::Expire(absl::Time now) {
         r->expiry_flush_queued = true;
         expired.emplace_back(r, r->epoch);
       }
-      if (age >= ttl && r->windows.empty() && r->Idle()) forget.push_back(id);
+      if (age < ttl || !r->Idle()) continue;
+      Release(r->windows.Fold());
+      if (r->windows.windows().empty()) forget.push_back(id);
     }
     for (const std::string& id : forget) sessions_.erase(id);
     if (static_cast<int64_t>(sessions_.size()) > config_.server().max_sessions()) EvictLocked(&evicted);
@@ -486,16 +498,17 @@ void IngestSessions::Expire(absl::Time now) {
   for (const auto& r : evicted) Post(r, Work::Of(Work::Type::kFlush));
 }
 
-void IngestSessions::Save(v1::IngestState* out) const {
+void IngestSessions::Save(v1::IngestState* out) {
   absl::MutexLock lock(&mu_);
   // Private sessions are saved only while they hold windows (flushed at restore).
   const auto save = [this, out](IngestRecord& r, bool only_with_windows) {
     absl::MutexLock record_lock(&r.mu);
-    if (only_with_windows && r.windows.empty()) return;
+    Release(r.windows.Fold());
+    if (only_with_windows && r.windows.windows().empty()) return;
     v1::IngestSessionState* s = out->add_sessions();
     s->set_stream_id(r.stream_id);
     s->set_last_sequence(r.last_sequence);
-    assembler_.Save(r.windows, s->mutable_windows());
+    assembler_.Save(r.windows.windows(), s->mutable_windows());
   };
   for (const auto& [id, r] : sessions_) save(*r, false);
   for (const auto& [id, r] : private_) save(*r, true);
@@ -519,20 +532,20 @@ absl::Status IngestSessions::Restore(const v1::IngestState& state) {
       return absl::InvalidArgumentError(
           absl::StrCat("ingest session \"", s.stream_id(), "\": appears twice"));
     }
-    auto r = std::make_shared<IngestRecord>(s.stream_id(), 0);
+    auto r = std::make_shared<IngestRecord>(s.stream_id(), 0, &assembler_);
     absl::MutexLock lock(&r->mu);
     r->last_sequence = r->issued_sequence = s.last_sequence();
     r->issued_windows = windows;
-    r->windows = std::move(windows);
+    r->windows.Reset(std::move(windows));
     r->detached_at = now;
     restored.emplace(s.stream_id(), std::move(r));
   }
   // The budget counts the restored windows instead of the replaced ones.
-  int64_t windows = 0;
-  const auto count = [&windows](const auto& records, int64_t sign) {
+  int64_t bytes = 0;
+  const auto count = [&bytes](const auto& records, int64_t sign) {
     for (const auto& [id, r] : records) {
       absl::MutexLock lock(&r->mu);
-      windows += sign * static_cast<int64_t>(r->windows.size());
+      bytes += sign * r->windows.counted_bytes();
     }
   };
   count(restored, 1);
@@ -543,7 +556,7 @@ absl::Status IngestSessions::Restore(const v1::IngestState& state) {
     sessions_ = std::move(restored);
     private_.clear();
   }
-  queued_bytes_.fetch_add(windows * assembler_.window_bytes(), std::memory_order_relaxed);
+  queued_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   if (flush.n > 0) {
     const int64_t n = flush.n;
     learner_->Enqueue(std::move(flush), [this, n](absl::Status status, int64_t replay_size) {
@@ -560,17 +573,18 @@ int64_t IngestSessions::num_sessions() const {
   return static_cast<int64_t>(sessions_.size() + private_.size());
 }
 
-int64_t IngestSessions::pending_transitions() const {
+int64_t IngestSessions::pending_transitions() {
   absl::MutexLock lock(&mu_);
   int64_t total = 0;
-  for (const auto& [id, r] : sessions_) {
-    absl::MutexLock record_lock(&r->mu);
-    total += NStepAssembler::Pending(r->windows);
-  }
-  for (const auto& [id, r] : private_) {
-    absl::MutexLock record_lock(&r->mu);
-    total += NStepAssembler::Pending(r->windows);
-  }
+  const auto pending = [this, &total](const auto& records) {
+    for (const auto& [id, r] : records) {
+      absl::MutexLock record_lock(&r->mu);
+      Release(r->windows.Fold());
+      total += NStepAssembler::Pending(r->windows.windows());
+    }
+  };
+  pending(sessions_);
+  pending(private_);
   return total;
 }
 

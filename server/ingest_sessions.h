@@ -6,7 +6,10 @@
 // them to the Learner and commits the sequence and the windows in the
 // insert's callback (the learner runs every such callback of the batches in
 // the replay before it takes a checkpoint snapshot, so a snapshot is a
-// consistent cut of replay + sessions).
+// consistent cut of replay + sessions). The committed windows are kept
+// lazily (CommittedWindows: a log of committed batches, folded in when it
+// grows or the windows are read), since only a checkpoint, a rollback after
+// a failed insert or the end of a session reads them.
 //
 // The contract it implements is written in proto/qstream/v1/experience.proto.
 // Per session, batches are processed in arrival order and pipelined: each is
@@ -26,7 +29,8 @@
 //
 // Memory is bounded: each session holds at most server.max_envs_per_stream
 // windows, and server.max_queued_bytes caps the bytes of batches submitted
-// but not yet in the replay plus the windows of every session; a batch that
+// but not yet in the replay plus the windows of every session (with the
+// batches committed but not yet folded into them); a batch that
 // finds the budget full fails with RESOURCE_EXHAUSTED (nothing of it is
 // inserted, its sequence is not committed) and the stream ends so that the
 // client resends it after a backoff.
@@ -111,6 +115,15 @@ class IngestSessions {
   // before `done` ran (pipelining).
   void Submit(const std::shared_ptr<IngestSession>& session, IncomingBatch batch, Done done)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Submit in two halves, for a stream that starts its next read in between
+  // (so that the next message is decoded and validated on another thread
+  // while this one is assembled and inserted): Queue fixes the batch's place
+  // in the session's order (and may run `done` inline, as Submit does);
+  // Pump issues whatever is queued, or returns at once while another thread
+  // pumps the session (that thread then issues it).
+  void Queue(const std::shared_ptr<IngestSession>& session, IncomingBatch batch, Done done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Pump(const std::shared_ptr<IngestSession>& session) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The stream ends. clean (a half-close): the session's windows are flushed
   // into the replay and `flushed` runs once they are committed (or failed);
@@ -121,8 +134,9 @@ class IngestSessions {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Committed state of every session (learner thread, from the checkpoint
-  // snapshot hook; consistent with the replay at that moment).
-  void Save(v1::IngestState* out) const ABSL_LOCKS_EXCLUDED(mu_);
+  // snapshot hook; consistent with the replay at that moment). Brings each
+  // session's lazily kept committed windows up to date first.
+  void Save(v1::IngestState* out) ABSL_LOCKS_EXCLUDED(mu_);
   // Before serving: replaces every session with `state` (all detached, their
   // resume clock starting now). Private sessions ("") are flushed into the
   // replay. InvalidArgument naming the session when a window does not fit
@@ -133,8 +147,9 @@ class IngestSessions {
   void Expire(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
   int64_t num_sessions() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Transitions waiting in n-step windows over all sessions.
-  int64_t pending_transitions() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Transitions waiting in the committed n-step windows over all sessions
+  // (brings them up to date, as Save does).
+  int64_t pending_transitions() ABSL_LOCKS_EXCLUDED(mu_);
   // What server.max_queued_bytes counts now: submitted batches not yet
   // finished plus every session's windows.
   int64_t queued_bytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
@@ -153,8 +168,8 @@ class IngestSessions {
   // this bounds a session taken over while its old stream's items run).
   static constexpr size_t kMaxTicketsPerSession = 1024;
 
-  // Queues `work` on the record and pumps it.
-  void Post(const std::shared_ptr<IngestRecord>& r, Work work) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues `work` on the record and pumps it (unless `pump` is false).
+  void Post(const std::shared_ptr<IngestRecord>& r, Work work, bool pump = true) ABSL_LOCKS_EXCLUDED(mu_);
   // Issues queued work items of `r` while they may go (one thread at a time).
   void Pump(const std::shared_ptr<IngestRecord>& r) ABSL_LOCKS_EXCLUDED(mu_);
   // Assembles one work item against the record's issued state and hands its
@@ -186,7 +201,8 @@ class IngestSessions {
   // Latest replay size reported by an insert (for acks that insert nothing).
   std::atomic<int64_t> replay_size_{0};
   // Bytes of batches between Submit and their outcome, plus window_bytes per
-  // committed window and per window a batch in the learner may open.
+  // committed window and per window a batch in the learner may open, plus
+  // the committed batches not yet folded into the committed windows.
   std::atomic<int64_t> queued_bytes_{0};
 
   mutable absl::Mutex mu_;

@@ -39,7 +39,7 @@ NStepWindow NStepAssembler::EmptyWindow() const {
 
 void NStepAssembler::Push(NStepWindow& w, const float* obs, const int32_t* actions, float reward,
                           const float* next_obs) const {
-  const int slot = (w.head + w.size) % n_;
+  const int slot = Wrap(w.head + w.size);
   std::copy(obs, obs + obs_dim_, this->obs(w, slot));
   std::copy(actions, actions + branches_, w.actions.begin() + static_cast<size_t>(slot) * branches_);
   rewards(w)[slot] = reward;
@@ -54,10 +54,10 @@ void NStepAssembler::Emit(const NStepWindow& w, int offset, int end, const float
   double discount = 1;
   const float* r = rewards(w);
   for (int k = offset; k < end; ++k) {
-    ret += discount * r[(w.head + k) % n_];
+    ret += discount * r[Wrap(w.head + k)];
     discount *= gamma_;
   }
-  const int slot = (w.head + offset) % n_;
+  const int slot = Wrap(w.head + offset);
   const float* o = obs(w, slot);
   out->obs.insert(out->obs.end(), o, o + obs_dim_);
   out->actions.insert(out->actions.end(), w.actions.begin() + static_cast<size_t>(slot) * branches_,
@@ -71,7 +71,7 @@ void NStepAssembler::Emit(const NStepWindow& w, int offset, int end, const float
 void NStepAssembler::EmitAll(const NStepWindow& w, bool terminal, TransitionColumns* out) const {
   if (w.awaiting) {
     // The newest step has no next state; the ones before it bootstrap from its obs.
-    const float* next = obs(w, (w.head + w.size - 1) % n_);
+    const float* next = obs(w, Wrap(w.head + w.size - 1));
     for (int k = 0; k + 1 < w.size; ++k) Emit(w, k, w.size - 1, next, terminal, out);
     return;
   }
@@ -135,7 +135,7 @@ int64_t NStepAssembler::Advance(const IncomingBatch& batch, NStepWindows* window
     if (w.awaiting && w.size == n_) {
       // This row's obs is the newest step's next state: the oldest item is complete.
       if (out != nullptr) Emit(w, 0, n_, obs, /*terminal=*/false, out);
-      w.head = (w.head + 1) % n_;
+      w.head = Wrap(w.head + 1);
       --w.size;
     }
     const bool done = batch.done[i] != 0;
@@ -155,12 +155,104 @@ int64_t NStepAssembler::Advance(const IncomingBatch& batch, NStepWindows* window
       emptied = true;
     } else if (w.size == n_ && !w.awaiting) {
       if (out != nullptr) Emit(w, 0, n_, last_next_obs(w), /*terminal=*/false, out);
-      w.head = (w.head + 1) % n_;
+      w.head = Wrap(w.head + 1);
       --w.size;
     }
   }
   // Only windows holding steps are kept (an episode that ended leaves none).
   if (emptied) absl::erase_if(*windows, [](const auto& entry) { return entry.second.size == 0; });
+  return static_cast<int64_t>(windows->size()) - before;
+}
+
+void NStepAssembler::Keep(NStepWindow& w, const float* obs, const int32_t* actions, float reward,
+                          const float* next_obs) const {
+  // Advance's steps for such a row, without the items it emits.
+  if (w.awaiting && w.size == n_) {
+    w.head = Wrap(w.head + 1);
+    --w.size;
+  }
+  Push(w, obs, actions, reward, next_obs);
+  if (w.size == n_ && !w.awaiting) {
+    w.head = Wrap(w.head + 1);
+    --w.size;
+  }
+}
+
+int64_t NStepAssembler::Fold(const std::vector<const IncomingBatch*>& batches, NStepWindows* windows) const {
+  const int64_t before = static_cast<int64_t>(windows->size());
+  // Per env, newest row first: the rows kept so far and whether older rows
+  // matter at all. After n rows (or an episode end) they do not: whatever
+  // the window held before, Replay leaves exactly the newest of the kept
+  // rows (n - 1 of them, or n when the newest awaits its next obs), and the
+  // bootstrap state of the newest.
+  struct Tail {
+    int kept = 0;
+    bool fresh = false;  // start from an empty window (none when kept is 0)
+    size_t newest = 0;   // the batch of the env's newest row
+  };
+  struct Row {
+    uint32_t env;
+    uint32_t batch;
+    int64_t row;
+  };
+  absl::flat_hash_map<uint32_t, Tail> tails;
+  tails.reserve(windows->size());
+  std::vector<Row> kept;
+  // The newest batch that ends an episode: Replay drops every empty window
+  // at the end of such a batch (n = 1 leaves a window empty without an end).
+  std::optional<size_t> last_end;
+  for (size_t b = batches.size(); b-- > 0;) {
+    const IncomingBatch& batch = *batches[b];
+    const bool has_env_ids = !batch.env_ids.empty();
+    const bool has_truncated = !batch.truncated.empty();
+    for (int64_t i = batch.count(); i-- > 0;) {
+      const bool ends = batch.done[i] != 0 || (has_truncated && batch.truncated[i] != 0);
+      if (ends && !last_end) last_end = b;
+      const uint32_t id = has_env_ids ? batch.env_ids[i] : 0;
+      auto [at, first] = tails.try_emplace(id);
+      Tail& t = at->second;
+      if (first) t.newest = b;
+      if (t.fresh) continue;
+      if (ends) {
+        t.fresh = true;  // the rows kept start a new episode
+        continue;
+      }
+      kept.push_back({id, static_cast<uint32_t>(b), i});
+      if (++t.kept == n_) t.fresh = true;
+    }
+  }
+  for (const auto& [id, t] : tails) {
+    if (!t.fresh) continue;  // continues its window (or opens one)
+    if (t.kept == 0) {
+      windows->erase(id);  // its newest row ended the episode
+      continue;
+    }
+    auto [it, opened] = windows->try_emplace(id);
+    NStepWindow& w = it->second;
+    if (opened) w = EmptyWindow();
+    w.head = 0;
+    w.size = 0;
+    w.awaiting = false;
+  }
+  for (size_t k = kept.size(); k-- > 0;) {
+    const Row& r = kept[k];
+    const IncomingBatch& batch = *batches[r.batch];
+    const TransitionColumns& in = batch.columns;
+    auto it = windows->find(r.env);
+    if (it == windows->end()) it = windows->emplace(r.env, EmptyWindow()).first;
+    // Such a row's next state is its own next_obs, or (the step-stream form)
+    // the next row's obs: the window awaits it.
+    const float* next = in.next_obs.empty() ? nullptr : in.next_obs.data() + r.row * obs_dim_;
+    Keep(it->second, in.obs.data() + r.row * obs_dim_, in.actions.data() + r.row * branches_,
+         in.rewards[r.row], next);
+  }
+  if (last_end) {
+    absl::erase_if(*windows, [&](const auto& entry) {
+      if (entry.second.size != 0) return false;
+      const auto t = tails.find(entry.first);
+      return t == tails.end() || t->second.newest <= *last_end;
+    });
+  }
   return static_cast<int64_t>(windows->size()) - before;
 }
 
@@ -188,7 +280,7 @@ void NStepAssembler::Save(const NStepWindows& windows,
     v1::NStepWindowState* s = out->Add();
     s->set_env_id(id);
     for (int k = 0; k < w.size; ++k) {
-      const int slot = (w.head + k) % n_;
+      const int slot = Wrap(w.head + k);
       const float* o = obs(w, slot);
       s->mutable_obs()->Add(o, o + obs_dim_);
       s->mutable_actions()->Add(w.actions.begin() + static_cast<size_t>(slot) * branches_,

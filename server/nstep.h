@@ -20,11 +20,12 @@
 // learner) and the committed ones (after every batch whose insert
 // succeeded). Add advances the issued windows in place and yields the items;
 // Replay advances the committed windows by the same batch, once its insert
-// succeeded, without items. Each step is copied into a window once per set:
-// no window is copied whole (at a thousand envs per message, whole-window
-// copies were most of the daemon's work). A failed insert leaves the
-// committed windows as they were; the session then restarts its issued
-// windows from them.
+// succeeded, without items, and Fold by many batches at once, copying only
+// the steps that stay (the session's CommittedWindows folds its log of
+// committed batches so). No window is copied whole (at a thousand envs per
+// message, whole-window copies were most of the daemon's work). A failed
+// insert leaves the committed windows as they were; the session then
+// restarts its issued windows from them.
 #pragma once
 
 #include <cstdint>
@@ -80,6 +81,14 @@ class NStepAssembler {
   // equal set of windows), without the items. Returns how many windows
   // `windows` gained (negative: lost).
   int64_t Replay(const IncomingBatch& batch, NStepWindows* windows) const;
+  // Advances `windows` past `batches` in order, to the windows that Replay
+  // of each in turn leaves (the same steps, Save form), copying only the
+  // steps they keep: a window holds at most the newest n steps since its
+  // episode's start, so of each env only the rows after its last episode end
+  // in `batches`, at most the last n, are replayed (from an empty window
+  // when an end or n rows came before them). One backward pass over the
+  // rows finds them. Returns how many windows `windows` gained.
+  int64_t Fold(const std::vector<const IncomingBatch*>& batches, NStepWindows* windows) const;
 
   // Appends every item of every window as a shorter-horizon, non-terminal
   // transition (R over the steps that exist, discount gamma^K, bootstrap
@@ -109,6 +118,9 @@ class NStepAssembler {
   NStepWindow EmptyWindow() const;
   // The env_ids of `windows`, ascending.
   static std::vector<uint32_t> SortedIds(const NStepWindows& windows);
+  // (head + k) mod n for a slot head < n and an offset k <= n: without the
+  // integer division, which ran several times per row and per item.
+  int Wrap(int i) const { return i < n_ ? i : i - n_; }
   // Views into a window's `values` (layout above).
   float* obs(NStepWindow& w, int slot) const {
     return w.values.data() + static_cast<size_t>(slot) * obs_dim_;
@@ -124,6 +136,9 @@ class NStepAssembler {
   const float* last_next_obs(const NStepWindow& w) const { return rewards(w) + n_; }
   // Add's and Replay's work: items to `out` when not null; windows gained.
   int64_t Advance(const IncomingBatch& batch, NStepWindows* windows, TransitionColumns* out) const;
+  // Advances `w` past a row that does not end its episode, without items.
+  void Keep(NStepWindow& w, const float* obs, const int32_t* actions, float reward,
+            const float* next_obs) const;
   // Adds a step at the back; `next_obs` null leaves the window awaiting.
   void Push(NStepWindow& w, const float* obs, const int32_t* actions, float reward,
             const float* next_obs) const;

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "server/batch_columns.h"
 #include "tests/trainer/forwarding_backend.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
@@ -36,10 +37,23 @@ struct Row {
   float obs, reward, discount, next_obs;
 };
 
-// Every row the backend received, in insert order.
+// Every row the backend received, in insert order. While `hold` is set an
+// insert waits (the learner thread holds its round); while `fail` is set it
+// fails.
 struct InsertLog {
   absl::Mutex mu;
   std::vector<Row> rows ABSL_GUARDED_BY(mu);
+  bool hold ABSL_GUARDED_BY(mu) = false;
+  bool fail ABSL_GUARDED_BY(mu) = false;
+
+  void Hold(bool on) {
+    absl::MutexLock lock(&mu);
+    hold = on;
+  }
+  void Fail(bool on) {
+    absl::MutexLock lock(&mu);
+    fail = on;
+  }
 
   std::vector<Row> Rows() {
     absl::MutexLock lock(&mu);
@@ -57,6 +71,12 @@ class RecordingBackend final : public testing::ForwardingBackend {
   RecordingBackend(std::unique_ptr<Backend> inner, std::shared_ptr<InsertLog> log)
       : ForwardingBackend(std::move(inner)), log_(std::move(log)) {}
   absl::Status Insert(const TransitionColumns& batch) override {
+    {
+      absl::MutexLock lock(&log_->mu);
+      log_->mu.Await(absl::Condition(
+          +[](bool* hold) { return !*hold; }, &log_->hold));
+      if (log_->fail) return absl::InternalError("insert failed (test)");
+    }
     absl::Status st = ForwardingBackend::Insert(batch);
     if (st.ok()) {
       absl::MutexLock lock(&log_->mu);
@@ -504,13 +524,18 @@ TEST(IngestSessionsTest, WindowsCountTowardsTheQueuedBytesUntilFlushed) {
   Rig rig(config);
   rig.learner->Start();
   auto a = rig.sessions->Attach("wa", [] {});
-  // Three envs, one step each: everything waits in its window.
-  ASSERT_EQ(SubmitAndWait(rig.sessions.get(), a, Step(1, "wa", {{0, 1, 1}, {1, 2, 1}, {2, 3, 1}})).accepted,
-            0);
+  // Three envs, one step each: everything waits in its window. Until the
+  // committed windows fold the batch in, the batch counts too (with the
+  // windows it may open); pending_transitions() folds.
+  const IncomingBatch first = Step(1, "wa", {{0, 1, 1}, {1, 2, 1}, {2, 3, 1}});
+  ASSERT_EQ(SubmitAndWait(rig.sessions.get(), a, first).accepted, 0);
+  EXPECT_EQ(rig.sessions->queued_bytes(), first.bytes() + 3 * window_bytes);
+  EXPECT_EQ(rig.sessions->pending_transitions(), 3);
   EXPECT_EQ(rig.sessions->queued_bytes(), 3 * window_bytes);
   // An episode end closes a window; a new env opens one (still below the budget).
   ASSERT_TRUE(SubmitAndWait(rig.sessions.get(), a, Step(2, "wa", {{0, 1, 1, true}, {3, 4, 1}, {4, 5, 1}}))
                   .status.ok());
+  EXPECT_EQ(rig.sessions->pending_transitions(), 4);
   EXPECT_EQ(rig.sessions->queued_bytes(), 4 * window_bytes);
   auto b = rig.sessions->Attach("wb", [] {});
   const IngestOutcome refused = SubmitAndWait(rig.sessions.get(), b, NStep(1, "wb", {9}));
@@ -634,6 +659,138 @@ TEST(IngestSessionsTest, SaveRestoreRoundTripAndPrivateSessionsFlushAtRestore) {
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_NE(st.message().find(absl::StrCat("\"", bad.sessions(0).stream_id(), "\"")), std::string::npos)
       << st;
+}
+
+// The committed windows are kept lazily (a log folded every few batches or
+// when read): a checkpoint between deliveries, one taken while batches are
+// in flight behind a held insert, and one after a failed insert must all
+// save exactly the windows of replaying every committed batch in turn, and
+// the rows inserted must be the items of assembling them in order.
+TEST(IngestSessionsTest, LazyCommittedWindowsEqualTheEagerOnesAtEveryCheckpoint) {
+  v1::TrainerConfig c = Config();
+  // The learner steps all along, so inserts go through its rounds (not
+  // inline) and a held insert keeps the batches behind it in flight.
+  c.mutable_rate_limiter()->set_min_size_to_sample(1);
+  Rig rig(c);
+  rig.learner->Start();
+  const NetworkSpec spec = *NetworkSpec::Create(c.network());
+  const NStepAssembler reference(spec, 3, 0.5f, c.server().max_envs_per_stream());
+  NStepWindows eager;  // every committed batch replayed in turn
+  NStepWindows issued;
+  TransitionColumns items = EmptyColumns(spec);
+  const auto commit = [&](const IncomingBatch& b) {
+    ASSERT_FALSE(reference.Add(b, &issued, &items).has_value());
+    reference.Replay(b, &eager);
+  };
+  const auto saved = [&] {
+    v1::IngestState state;
+    rig.sessions->Save(&state);
+    for (const auto& session : state.sessions()) {
+      if (session.stream_id() != "lazy") continue;
+      v1::IngestSessionState windows;
+      *windows.mutable_windows() = session.windows();
+      return windows.SerializeAsString();
+    }
+    return std::string("no session");
+  };
+  const auto expected = [&] {
+    v1::IngestSessionState state;
+    reference.Save(eager, state.mutable_windows());
+    return state.SerializeAsString();
+  };
+
+  std::mt19937 rng(7);
+  std::vector<int> t(4, 0);  // per env: the next step's obs is 100 env + t
+  uint64_t sequence = 0;
+  // 1-6 rows over 4 envs, about one in eight ending its episode (the last
+  // one when `end`: the batch then inserts at least that row), in either form.
+  const auto next_batch = [&](bool end = false) {
+    const bool stream_form = rng() % 2 == 0;
+    std::vector<StepIn> steps;
+    std::vector<bool> truncated;
+    for (int i = 0, rows = 1 + static_cast<int>(rng() % 6); i < rows; ++i) {
+      const uint32_t env = rng() % 4;
+      const bool ends = rng() % 8 == 0 || (end && i + 1 == rows);
+      steps.push_back({env, 100.0f * env + static_cast<float>(t[env]++), static_cast<float>(rng() % 5),
+                       ends && rng() % 2 == 0});
+      truncated.push_back(ends && !steps.back().done);
+    }
+    IncomingBatch b = Step(++sequence, "lazy", steps);
+    b.truncated.assign(truncated.begin(), truncated.end());
+    if (stream_form) {
+      // A row's next state is its env's next row's obs (obs + 1); the rows
+      // that end their episode carry theirs as final_obs.
+      for (size_t i = 0; i < steps.size(); ++i) {
+        if (b.done[i] != 0 || b.truncated[i] != 0) b.final_obs.push_back(b.columns.next_obs[i]);
+      }
+      b.columns.next_obs.clear();
+    }
+    return b;
+  };
+
+  // One row in the replay first, so that the learner steps (never parked:
+  // no insert runs inline on the submitting thread, which a hold would block).
+  auto fill = rig.sessions->Attach("fill", [] {});
+  ASSERT_EQ(SubmitAndWait(rig.sessions.get(), fill, NStep(1, "fill", {-1})).accepted, 1);
+  auto s = rig.sessions->Attach("lazy", [] {});
+  for (int round = 0; round < 40; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    // Delivered one by one (every fourth round enough rows for the log to
+    // fold by itself); a checkpoint between deliveries.
+    for (int i = 0, n = round % 4 == 0 ? 30 : static_cast<int>(rng() % 8); i < n; ++i) {
+      IncomingBatch b = next_batch();
+      commit(b);
+      ASSERT_EQ(SubmitAndWait(rig.sessions.get(), s, std::move(b)).status, absl::OkStatus());
+    }
+    ASSERT_EQ(saved(), expected());
+    // In flight: the learner holds its inserts; the first batch inserts and
+    // what is issued behind it is not committed.
+    rig.log->Hold(true);
+    std::vector<IncomingBatch> in_flight;
+    absl::Mutex mu;
+    int answered = 0;
+    for (int i = 0, n = 1 + static_cast<int>(rng() % 4); i < n; ++i) {
+      in_flight.push_back(next_batch(/*end=*/i == 0));
+      rig.sessions->Submit(s, in_flight.back(), [&](IngestOutcome o) {
+        EXPECT_TRUE(o.status.ok()) << o.status;
+        absl::MutexLock lock(&mu);
+        ++answered;
+      });
+    }
+    EXPECT_EQ(saved(), expected());
+    rig.log->Hold(false);
+    {
+      absl::MutexLock lock(&mu);
+      auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+        return answered == static_cast<int>(in_flight.size());
+      };
+      mu.Await(absl::Condition(&all));
+    }
+    for (const IncomingBatch& b : in_flight) commit(b);
+    ASSERT_EQ(saved(), expected());
+    // Every few rounds an insert fails: nothing of it is committed, the
+    // session restarts its issued windows from the committed ones and the
+    // resend goes in afresh.
+    if (round % 3 == 2) {
+      IncomingBatch b = next_batch(/*end=*/true);
+      rig.log->Fail(true);
+      EXPECT_FALSE(SubmitAndWait(rig.sessions.get(), s, b).status.ok());
+      rig.log->Fail(false);
+      ASSERT_EQ(saved(), expected());
+      commit(b);
+      ASSERT_EQ(SubmitAndWait(rig.sessions.get(), s, std::move(b)).status, absl::OkStatus());
+      ASSERT_EQ(saved(), expected());
+    }
+  }
+  const auto rows = rig.log->Rows();
+  ASSERT_EQ(static_cast<int64_t>(rows.size()), 1 + items.n);
+  for (int64_t i = 0; i < items.n; ++i) {
+    ExpectRow(rows[1 + i], items.obs[i], items.rewards[i], items.discounts[i], items.next_obs[i]);
+  }
+  // Every byte counted for batches, logs and windows comes back.
+  EXPECT_TRUE(DetachAndWait(rig.sessions.get(), s, /*clean=*/true).status.ok());
+  EXPECT_TRUE(DetachAndWait(rig.sessions.get(), fill, /*clean=*/true).status.ok());
+  EXPECT_EQ(rig.sessions->queued_bytes(), 0);
 }
 
 // Many concurrent streams over a few stream_ids with random resends,

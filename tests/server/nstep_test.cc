@@ -617,5 +617,82 @@ TEST(NStepStepStreamTest, AnAwaitingWindowSurvivesACheckpoint) {
       << b.Load(too_long);
 }
 
+// ---- Fold: many committed batches at once ----
+
+// Random trajectories cut into batches of random sizes, each in a random form
+// (full or step-stream), without env_ids when they are all env 0 and without
+// truncated when no row is cut.
+std::vector<IncomingBatch> RandomBatches(std::mt19937& rng, const std::vector<Step>& rows) {
+  std::vector<IncomingBatch> batches;
+  for (size_t begin = 0; begin < rows.size();) {
+    const size_t end = std::min(rows.size(), begin + 1 + rng() % 7);
+    IncomingBatch b = Rows(rows, begin, end, /*stream_form=*/rng() % 2 == 0);
+    if (std::all_of(b.env_ids.begin(), b.env_ids.end(), [](uint32_t e) { return e == 0; }) &&
+        rng() % 2 == 0) {
+      b.env_ids.clear();
+    }
+    if (std::all_of(b.truncated.begin(), b.truncated.end(), [](uint8_t t) { return t == 0; }) &&
+        rng() % 2 == 0) {
+      b.truncated.clear();
+    }
+    batches.push_back(std::move(b));
+    begin = end;
+  }
+  return batches;
+}
+
+TEST(NStepFoldTest, FoldLeavesTheWindowsThatReplayingEachBatchLeaves) {
+  std::mt19937 rng(std::random_device{}());
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 5);
+    const NStepAssembler a(Spec3(), n, 0.9f, 64);
+    const int envs = 1 + static_cast<int>(rng() % 6);
+    const std::vector<Step> rows = RandomRows(rng, envs, /*all_end=*/rng() % 2 == 0);
+    const std::vector<IncomingBatch> batches = RandomBatches(rng, rows);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << ", n " << n << ", " << envs << " envs, "
+                                      << batches.size() << " batches");
+    // The eager set replays every batch, the folded one folds runs of them.
+    NStepWindows eager, folded;
+    for (size_t i = 0; i < batches.size();) {
+      const size_t end = std::min(batches.size(), i + 1 + rng() % 8);
+      std::vector<const IncomingBatch*> run;
+      int64_t gained = 0;
+      for (; i < end; ++i) {
+        run.push_back(&batches[i]);
+        gained += a.Replay(batches[i], &eager);
+      }
+      EXPECT_EQ(a.Fold(run, &folded), gained);
+      ASSERT_EQ(Saved(a, folded), Saved(a, eager)) << "after batch " << i;
+      if (i == batches.size()) break;
+      // The next batch's items are the same from either set (a rollback
+      // restarts the issued windows from the folded ones).
+      NStepWindows from_eager = eager, from_folded = folded;
+      TransitionColumns want = EmptyColumns(Spec3()), got = EmptyColumns(Spec3());
+      ASSERT_FALSE(a.Add(batches[i], &from_eager, &want).has_value());
+      ASSERT_FALSE(a.Add(batches[i], &from_folded, &got).has_value());
+      ExpectSameItems(FullItems(got), FullItems(want));
+      EXPECT_EQ(Saved(a, from_folded), Saved(a, from_eager));
+    }
+  }
+}
+
+TEST(NStepFoldTest, AnEpisodeEndInTheRunRestartsTheWindowAndAnEndAtTheNewestRowDropsIt) {
+  const NStepAssembler a(Spec(), 3, 0.5f, 16);
+  NStepWindows eager, folded;
+  const IncomingBatch base = Batch({{0, 0, 1}, {0, 1, 2}, {1, 10, 1}, {2, 20, 1}});
+  a.Replay(base, &eager);
+  a.Replay(base, &folded);
+  // env 0: an end, then one step of a new episode; env 1: ends at its newest
+  // row; env 2: continues past n steps; env 3: opens.
+  const IncomingBatch b1 = Batch({{0, 2, 3, true}, {2, 21, 1}, {1, 11, 1}, {0, 3, 1}});
+  const IncomingBatch b2 = Batch({{2, 22, 1}, {1, 12, 1, false, true}, {2, 23, 1}, {3, 30, 1}, {2, 24, 1}});
+  EXPECT_EQ(a.Replay(b1, &eager) + a.Replay(b2, &eager), a.Fold({&b1, &b2}, &folded));
+  EXPECT_EQ(Saved(a, folded), Saved(a, eager));
+  EXPECT_EQ(folded.count(1), 0u);
+  EXPECT_EQ(folded.at(0).size, 1);
+  EXPECT_EQ(folded.at(2).size, 2);
+  EXPECT_EQ(folded.at(3).size, 1);
+}
+
 }  // namespace
 }  // namespace qstream

