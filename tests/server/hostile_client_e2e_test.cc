@@ -483,7 +483,13 @@ TEST(HostileClientE2E, EveryLimitIsAnsweredWhileAGoodActorKeepsItsAcksAndRssStay
   std::printf("RSS not checked: built with AddressSanitizer\n");
 #else
   EXPECT_LE(std::abs(rss_ids - rss_warm), rss_warm / 10);
-  EXPECT_LE(std::abs(rss_attacks - rss_warm_attacks), rss_warm_attacks / 10);
+  // Which malloc arena keeps a freed ~8 MiB parse buffer varies with thread
+  // timing, and one buffer kept or given back moves this ~30 MiB daemon's RSS
+  // by ~25 % (over 10 % in 3 of 14 runs of a loaded 2-core machine): the bound
+  // is 10 % plus one such buffer. A leak of even one attempt per round would
+  // still put the median of rounds 11-20 tens of MiB above that of rounds 1-10.
+  constexpr int64_t kOneParseBuffer = int64_t{8} << 20;
+  EXPECT_LE(std::abs(rss_attacks - rss_warm_attacks), rss_warm_attacks / 10 + kOneParseBuffer);
 #endif
 
   // Evaluate: non-finite observations and too many of them.
