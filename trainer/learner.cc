@@ -760,12 +760,16 @@ void Learner::Run() {
           }
           parked_ = false;
           busy_since_ns_.store(SteadyNanos(), std::memory_order_relaxed);
-          if (recheck_) {
-            // An inline insert changed the replay and the limiter: decide again.
-            recheck_ = false;
-            refresh_before_waiting = true;
-          }
         }
+      }
+      if (recheck_) {
+        // An inline insert, Resume or a pause step changed what to do: decide
+        // again on a fresh replay size. Consumed here whether or not this
+        // thread waited: one set while it was busy would otherwise keep
+        // ready() true for good, and a paused learner would spin without
+        // ever parking (Pause() waits for that and hung).
+        recheck_ = false;
+        refresh_before_waiting = true;
       }
       if (!refresh_before_waiting) {
         if (stop_) {
