@@ -58,7 +58,7 @@ TEST(CommittedWindowsTest, TheLogFoldsOnceItHoldsFourTimesNStepRowsPerWindow) {
   ASSERT_EQ(c.Commit(Steps({0, 1}, 0), 10), 0);
   ASSERT_EQ(c.Fold(), 10 - 2 * wb);  // two windows: the log folds at 4 x 3 x 2 = 24 rows
   for (int t = 1; t < 12; ++t) ASSERT_EQ(c.Commit(Steps({0, 1}, static_cast<float>(t)), 10), 0) << t;
-  EXPECT_EQ(c.counted_bytes(), 2 * wb + 11 * 10);
+  EXPECT_EQ(c.counted_bytes(), 2 * wb + int64_t{11} * 10);
   EXPECT_EQ(c.Commit(Steps({0, 1}, 12), 10), 12 * 10);  // the 24th row: folded, same two windows
   EXPECT_EQ(c.counted_bytes(), 2 * wb);
   // Each window holds its newest n - 1 steps (t = 11, 12).

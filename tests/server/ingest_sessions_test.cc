@@ -740,7 +740,7 @@ TEST(IngestSessionsTest, LazyCommittedWindowsEqualTheEagerOnesAtEveryCheckpoint)
     for (int i = 0, n = round % 4 == 0 ? 30 : static_cast<int>(rng() % 8); i < n; ++i) {
       IncomingBatch b = next_batch();
       commit(b);
-      ASSERT_EQ(SubmitAndWait(rig.sessions.get(), s, std::move(b)).status, absl::OkStatus());
+      ASSERT_EQ(SubmitAndWait(rig.sessions.get(), s, b).status, absl::OkStatus());
     }
     ASSERT_EQ(saved(), expected());
     // In flight: the learner holds its inserts; the first batch inserts and
@@ -751,7 +751,7 @@ TEST(IngestSessionsTest, LazyCommittedWindowsEqualTheEagerOnesAtEveryCheckpoint)
     int answered = 0;
     for (int i = 0, n = 1 + static_cast<int>(rng() % 4); i < n; ++i) {
       in_flight.push_back(next_batch(/*end=*/i == 0));
-      rig.sessions->Submit(s, in_flight.back(), [&](IngestOutcome o) {
+      rig.sessions->Submit(s, in_flight.back(), [&](const IngestOutcome& o) {
         EXPECT_TRUE(o.status.ok()) << o.status;
         absl::MutexLock lock(&mu);
         ++answered;
@@ -778,7 +778,7 @@ TEST(IngestSessionsTest, LazyCommittedWindowsEqualTheEagerOnesAtEveryCheckpoint)
       rig.log->Fail(false);
       ASSERT_EQ(saved(), expected());
       commit(b);
-      ASSERT_EQ(SubmitAndWait(rig.sessions.get(), s, std::move(b)).status, absl::OkStatus());
+      ASSERT_EQ(SubmitAndWait(rig.sessions.get(), s, b).status, absl::OkStatus());
       ASSERT_EQ(saved(), expected());
     }
   }
