@@ -1,6 +1,7 @@
 #include "server/nstep.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -81,25 +82,8 @@ void NStepAssembler::EmitAll(const NStepWindow& w, bool terminal, TransitionColu
 std::optional<BatchError> NStepAssembler::Add(const IncomingBatch& batch, NStepWindows* windows,
                                               TransitionColumns* out, int64_t* opened) const {
   const int64_t count = batch.count();
-  const bool has_env_ids = !batch.env_ids.empty();
-  // Admission first, so a rejected batch leaves every window untouched.
-  // Without env_ids every row is env 0, which counts like any other (a batch
-  // of count 0, episode reports only, opens nothing).
-  const int64_t held = static_cast<int64_t>(windows->size());
-  int64_t envs = held;
-  absl::flat_hash_set<uint32_t> fresh;
-  for (int64_t i = 0; i < (has_env_ids ? count : std::min<int64_t>(count, 1)); ++i) {
-    const uint32_t id = has_env_ids ? batch.env_ids[i] : 0;
-    if (windows->contains(id) || !fresh.insert(id).second) continue;
-    if (++envs > max_envs_) {
-      return BatchError{
-          v1::Error::TOO_LARGE, "env_ids",
-          absl::StrCat(has_env_ids ? absl::StrCat("env_ids[", i, "]: ", id) : "env 0 (no env_ids)",
-                       " opens more than server.max_envs_per_stream = ", max_envs_,
-                       " environments on this stream")};
-    }
-  }
-  if (opened != nullptr) *opened = envs - held;
+  std::vector<NStepWindow*> rows;
+  if (auto error = Resolve(batch, windows, max_envs_, &rows, opened)) return error;
   // Every row emits at most one item, plus at most n for a row that ends its
   // episode (its window's): reserved once, no column grows while it fills.
   int64_t ends = 0;
@@ -107,16 +91,77 @@ std::optional<BatchError> NStepAssembler::Add(const IncomingBatch& batch, NStepW
     ends += static_cast<int64_t>(batch.done[i] != 0 || (!batch.truncated.empty() && batch.truncated[i] != 0));
   }
   out->Reserve(out->n + count + ends * n_);
-  Advance(batch, windows, out);
+  Advance(batch, rows, windows, out);
   return std::nullopt;
 }
 
 int64_t NStepAssembler::Replay(const IncomingBatch& batch, NStepWindows* windows) const {
-  return Advance(batch, windows, nullptr);
+  std::vector<NStepWindow*> rows;
+  const int64_t before = static_cast<int64_t>(windows->size());
+  Resolve(batch, windows, std::numeric_limits<int64_t>::max(), &rows, nullptr);
+  Advance(batch, rows, windows, nullptr);
+  return static_cast<int64_t>(windows->size()) - before;
 }
 
-int64_t NStepAssembler::Advance(const IncomingBatch& batch, NStepWindows* windows,
-                                TransitionColumns* out) const {
+std::optional<BatchError> NStepAssembler::Resolve(const IncomingBatch& batch, NStepWindows* windows,
+                                                  int64_t max_envs, std::vector<NStepWindow*>* rows,
+                                                  int64_t* opened) const {
+  const int64_t count = batch.count();
+  const bool has_env_ids = !batch.env_ids.empty();
+  const auto id_of = [&](int64_t i) -> uint32_t { return has_env_ids ? batch.env_ids[i] : 0; };
+  rows->assign(static_cast<size_t>(count), nullptr);
+  // Lookups only, so a rejected batch leaves every window untouched. Without
+  // env_ids every row is env 0, which counts like any other (a batch of
+  // count 0, episode reports only, opens nothing).
+  const int64_t held = static_cast<int64_t>(windows->size());
+  int64_t envs = held;
+  absl::flat_hash_set<uint32_t> fresh;
+  const NStepWindow* probe = nullptr;  // a window found, to tell whether reserve() moved them
+  uint32_t probe_id = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const uint32_t id = id_of(i);
+    if (!has_env_ids && i > 0) {
+      (*rows)[i] = (*rows)[0];
+      continue;
+    }
+    if (auto it = windows->find(id); it != windows->end()) {
+      (*rows)[i] = &it->second;
+      if (probe == nullptr) {
+        probe = &it->second;
+        probe_id = id;
+      }
+      continue;
+    }
+    if (!fresh.insert(id).second) continue;
+    if (++envs > max_envs) {
+      return BatchError{
+          v1::Error::TOO_LARGE, "env_ids",
+          absl::StrCat(has_env_ids ? absl::StrCat("env_ids[", i, "]: ", id) : "env 0 (no env_ids)",
+                       " opens more than server.max_envs_per_stream = ", max_envs,
+                       " environments on this stream")};
+    }
+  }
+  if (opened != nullptr) *opened = envs - held;
+  if (fresh.empty()) return std::nullopt;
+  // Room for every window the batch opens, so that opening them moves no
+  // window found above; reserve() itself may move them all (a rehash).
+  windows->reserve(windows->size() + fresh.size());
+  if (probe != nullptr && &windows->find(probe_id)->second != probe) {
+    for (int64_t i = 0; i < count; ++i) {
+      if ((*rows)[i] != nullptr) (*rows)[i] = &windows->find(id_of(i))->second;
+    }
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    if ((*rows)[i] != nullptr) continue;
+    auto [it, inserted] = windows->try_emplace(id_of(i));
+    if (inserted) it->second = EmptyWindow();
+    (*rows)[i] = &it->second;
+  }
+  return std::nullopt;
+}
+
+void NStepAssembler::Advance(const IncomingBatch& batch, const std::vector<NStepWindow*>& rows,
+                             NStepWindows* windows, TransitionColumns* out) const {
   const int64_t count = batch.count();
   const bool has_env_ids = !batch.env_ids.empty();
   const bool has_truncated = !batch.truncated.empty();
@@ -124,13 +169,11 @@ int64_t NStepAssembler::Advance(const IncomingBatch& batch, NStepWindows* window
   const bool stream_form = batch.columns.next_obs.empty();
   const float* final_obs = batch.final_obs.data();
   const TransitionColumns& in = batch.columns;
-  const int64_t before = static_cast<int64_t>(windows->size());
-  bool emptied = false;
+  // Rows that ended their episode: their windows are dropped at the end
+  // unless a later row of the batch opened the next episode.
+  std::vector<uint32_t> emptied;
   for (int64_t i = 0; i < count; ++i) {
-    const uint32_t id = has_env_ids ? batch.env_ids[i] : 0;
-    auto it = windows->find(id);
-    if (it == windows->end()) it = windows->emplace(id, EmptyWindow()).first;
-    NStepWindow& w = it->second;
+    NStepWindow& w = *rows[i];
     const float* obs = in.obs.data() + i * obs_dim_;
     if (w.awaiting && w.size == n_) {
       // This row's obs is the newest step's next state: the oldest item is complete.
@@ -152,7 +195,7 @@ int64_t NStepAssembler::Advance(const IncomingBatch& batch, NStepWindows* window
       if (out != nullptr) EmitAll(w, /*terminal=*/done, out);
       w.head = 0;
       w.size = 0;
-      emptied = true;
+      emptied.push_back(has_env_ids ? batch.env_ids[i] : 0);
     } else if (w.size == n_ && !w.awaiting) {
       if (out != nullptr) Emit(w, 0, n_, last_next_obs(w), /*terminal=*/false, out);
       w.head = Wrap(w.head + 1);
@@ -160,8 +203,17 @@ int64_t NStepAssembler::Advance(const IncomingBatch& batch, NStepWindows* window
     }
   }
   // Only windows holding steps are kept (an episode that ended leaves none).
-  if (emptied) absl::erase_if(*windows, [](const auto& entry) { return entry.second.size == 0; });
-  return static_cast<int64_t>(windows->size()) - before;
+  // With n = 1 a window of the full form is empty after every row: all empty
+  // ones go at a batch with an end (as Fold expects); with n > 1 only a row
+  // that ends its episode empties a window.
+  if (emptied.empty()) return;
+  if (n_ == 1) {
+    absl::erase_if(*windows, [](const auto& entry) { return entry.second.size == 0; });
+    return;
+  }
+  for (uint32_t id : emptied) {
+    if (auto it = windows->find(id); it != windows->end() && it->second.size == 0) windows->erase(it);
+  }
 }
 
 void NStepAssembler::Keep(NStepWindow& w, const float* obs, const int32_t* actions, float reward,

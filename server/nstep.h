@@ -134,8 +134,17 @@ class NStepAssembler {
   }
   float* last_next_obs(NStepWindow& w) const { return rewards(w) + n_; }
   const float* last_next_obs(const NStepWindow& w) const { return rewards(w) + n_; }
-  // Add's and Replay's work: items to `out` when not null; windows gained.
-  int64_t Advance(const IncomingBatch& batch, NStepWindows* windows, TransitionColumns* out) const;
+  // The window of each row of `batch` in `rows`, with one hash lookup per
+  // row (a row of an env that `windows` lacks: two), opening the windows the
+  // batch needs. When they would be more than `max_envs`, TOO_LARGE naming
+  // the first row past it, and `windows` is unchanged. `opened`, when not
+  // null, gets the number of windows opened.
+  std::optional<BatchError> Resolve(const IncomingBatch& batch, NStepWindows* windows, int64_t max_envs,
+                                    std::vector<NStepWindow*>* rows, int64_t* opened) const;
+  // Add's and Replay's work on the windows Resolve found: items to `out`
+  // when not null.
+  void Advance(const IncomingBatch& batch, const std::vector<NStepWindow*>& rows, NStepWindows* windows,
+               TransitionColumns* out) const;
   // Advances `w` past a row that does not end its episode, without items.
   void Keep(NStepWindow& w, const float* obs, const int32_t* actions, float reward,
             const float* next_obs) const;

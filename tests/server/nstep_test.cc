@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/batch_columns.h"
 #include "trainer/config.h"
@@ -672,6 +673,73 @@ TEST(NStepFoldTest, FoldLeavesTheWindowsThatReplayingEachBatchLeaves) {
       ASSERT_FALSE(a.Add(batches[i], &from_folded, &got).has_value());
       ExpectSameItems(FullItems(got), FullItems(want));
       EXPECT_EQ(Saved(a, from_folded), Saved(a, from_eager));
+    }
+  }
+}
+
+// Add finds each row's window with one lookup and opens the missing ones
+// after reserving room for them (a reserve that rehashes moves the windows
+// found before it). Hundreds of envs per batch make the map grow, and episode
+// ends leave erased slots behind, while batches are assembled: the items must
+// be the reference's, the windows after each batch those that Fold (its own
+// lookups) leaves, `opened` the batch's env ids the windows lacked, and a
+// batch past max_envs must name its first row past the limit and change
+// nothing.
+TEST(NStepFoldTest, AddWithManyEnvsPerBatchMatchesTheReferenceAndTheFold) {
+  std::mt19937 rng(std::random_device{}());
+  for (int trial = 0; trial < 30; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 5);
+    const float gamma = std::uniform_real_distribution<float>(0.5f, 1.0f)(rng);
+    const int envs = 50 + static_cast<int>(rng() % 400);
+    // Tight limits in some trials: batches that open too many envs are rejected.
+    const int64_t max_envs = rng() % 3 == 0 ? envs / 2 + static_cast<int64_t>(rng() % envs) : envs;
+    const std::vector<Step> rows = RandomRows(rng, envs, /*all_end=*/true);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << ", n " << n << ", " << envs
+                                      << " envs, max_envs " << max_envs << ", " << rows.size() << " rows");
+    const NStepAssembler a(Spec3(), n, gamma, max_envs);
+    NStepWindows windows, folded;
+    std::vector<IncomingBatch> committed;
+    size_t accepted = 0;  // rows of the batches Add took
+    TransitionColumns out = EmptyColumns(Spec3());
+    for (size_t begin = 0; begin < rows.size();) {
+      const size_t end = std::min(rows.size(), begin + 1 + rng() % 300);
+      IncomingBatch batch = Rows(rows, begin, end, /*stream_form=*/rng() % 2 == 0);
+      // What the batch opens, and the first row past max_envs.
+      std::vector<uint32_t> fresh;
+      std::optional<size_t> past;
+      for (size_t i = 0; i < batch.env_ids.size(); ++i) {
+        const uint32_t id = batch.env_ids[i];
+        if (windows.contains(id) || std::find(fresh.begin(), fresh.end(), id) != fresh.end()) continue;
+        fresh.push_back(id);
+        if (!past && static_cast<int64_t>(windows.size() + fresh.size()) > max_envs) past = i;
+      }
+      const std::string before = Saved(a, windows);
+      const int64_t items_before = out.n;
+      int64_t opened = -1;
+      const auto error = a.Add(batch, &windows, &out, &opened);
+      if (past) {
+        ASSERT_TRUE(error.has_value()) << "rows " << begin << ".." << end;
+        EXPECT_EQ(error->message, absl::StrCat("env_ids[", *past, "]: ", batch.env_ids[*past],
+                                               " opens more than server.max_envs_per_stream = ", max_envs,
+                                               " environments on this stream"));
+        EXPECT_EQ(Saved(a, windows), before);
+        EXPECT_EQ(out.n, items_before);
+        begin = end;
+        continue;
+      }
+      ASSERT_FALSE(error.has_value()) << error->message;
+      EXPECT_EQ(opened, static_cast<int64_t>(fresh.size()));
+      committed.push_back(std::move(batch));
+      accepted += end - begin;
+      a.Fold({&committed.back()}, &folded);
+      ASSERT_EQ(Saved(a, windows), Saved(a, folded)) << "after rows " << begin << ".." << end;
+      begin = end;
+    }
+    if (accepted == rows.size()) {
+      // Every batch went in and every env's last step ended its episode
+      // (with a batch rejected, the windows above are what is checked).
+      EXPECT_EQ(NStepAssembler::Pending(windows), 0);
+      ExpectSameItems(FullItems(out), Reference(rows, n, gamma));
     }
   }
 }
