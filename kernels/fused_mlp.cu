@@ -4,6 +4,7 @@
 #include <mma.h>
 
 #include <type_traits>
+#include <utility>
 
 namespace qstream::kernels {
 namespace {
@@ -14,7 +15,6 @@ constexpr int kWarps = kFusedThreads / 32;  // weight-gradient blocks
 constexpr int kChainThreads = 256;          // chain blocks: 8 warps, a 16-column tile of every row tile each
 constexpr int kChainWarps = kChainThreads / 32;
 constexpr int kSkew = 8;  // elements added to every shared row (bank spread, keeps 32-byte alignment)
-constexpr int kALd = kFusedSlabK + kSkew;
 constexpr int kGLd = kGradTile + kSkew;
 constexpr int kStageLd = 16;  // per-warp accumulator staging, 16 x 16 floats
 
@@ -45,6 +45,51 @@ __device__ __forceinline__ void CommitAsync() { asm volatile("cp.async.commit_gr
 template <int N>
 __device__ __forceinline__ void WaitAsync() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// f(std::integral_constant<int, I>) for I = 0 .. N-1, unrolled at compile time.
+template <class F, int... I>
+__device__ __forceinline__ void StaticForEach(F& f, std::integer_sequence<int, I...> /*unused*/) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, class F>
+__device__ __forceinline__ void StaticFor(F&& f) {
+  StaticForEach(f, std::make_integer_sequence<int, N>{});
+}
+
+// Four 8 x 8 b16 matrices from shared memory; lane l gives the address of
+// row l % 8 of matrix l / 8. Trans: each matrix is read transposed.
+template <bool kTrans>
+__device__ __forceinline__ void LoadMatrices(unsigned (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+  }
+}
+
+// c[16 x 8] += a[16 x K] b[K x 8], fp32 accumulators, in the fragment
+// layouts of PTX's mma: bf16 operands m16n8k16, TF32 operands m16n8k8.
+template <int P>
+__device__ __forceinline__ void Mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  if constexpr (P == int(Precision::kBf16)) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 }
 
 // kRowsT x kColsT elements of src[r][ld] into dst[r][kDstLd] by kThreads
@@ -93,6 +138,12 @@ template <int P>
 constexpr int BLd() {
   return ChunkN<P>() + kSkew;
 }
+// A slabs staged from global memory: rows skewed by 16 bytes, so the eight
+// rows an ldmatrix phase reads fall in distinct bank groups.
+template <int P>
+constexpr int ALd() {
+  return kFusedSlabK + 16 / static_cast<int>(sizeof(Elem<P>));
+}
 
 template <int P>
 constexpr int ChainStages() {
@@ -106,7 +157,6 @@ struct ChainShared {
   T* buf[2];
   T* a_base;
   T* b_base;
-  float* acc_stage;  // kChainWarps x 16 x 16
 
   __device__ ChainShared(char* base, int buf_ld) {
     T* p = reinterpret_cast<T*>(base);
@@ -114,17 +164,14 @@ struct ChainShared {
     buf[1] = p + kRows * buf_ld;
     p += 2 * kRows * buf_ld;
     a_base = p;
-    p += kStages * kRows * kALd;
+    p += kStages * kRows * ALd<P>();
     b_base = p;
-    p += kStages * kFusedSlabK * BLd<P>();
-    acc_stage = reinterpret_cast<float*>(p);
   }
-  __device__ T* a_stage(int slot) const { return a_base + slot * (kRows * kALd); }
+  __device__ T* a_stage(int slot) const { return a_base + slot * (kRows * ALd<P>()); }
   __device__ T* b_stage(int slot) const { return b_base + slot * (kFusedSlabK * BLd<P>()); }
   __device__ T* buffer(int i) const { return i == 0 ? buf[0] : buf[1]; }
   static size_t Bytes(int buf_ld) {
-    return sizeof(T) * (2 * kRows * buf_ld + kStages * kRows * kALd + kStages * kFusedSlabK * BLd<P>()) +
-           sizeof(float) * kChainWarps * 16 * kStageLd;
+    return sizeof(T) * (2 * kRows * buf_ld + kStages * kRows * ALd<P>() + kStages * kFusedSlabK * BLd<P>());
   }
 };
 
@@ -150,16 +197,21 @@ struct EmitArgs {
         out_buf(op.out_buf) {}
 };
 
-// kBytes from 16-byte aligned src to 16-byte aligned dst.
+// kBytes between src and dst, both aligned to the widest of 16, 8 or 4
+// bytes that divides kBytes.
 template <int kBytes>
 __device__ __forceinline__ void CopyVec(void* dst, const void* src) {
-  static_assert(kBytes % 8 == 0, "8-byte multiples");
+  static_assert(kBytes % 4 == 0, "4-byte multiples");
   if constexpr (kBytes % 16 == 0) {
 #pragma unroll
     for (int i = 0; i < kBytes / 16; ++i) static_cast<uint4*>(dst)[i] = static_cast<const uint4*>(src)[i];
-  } else {
+  } else if constexpr (kBytes % 8 == 0) {
 #pragma unroll
     for (int i = 0; i < kBytes / 8; ++i) static_cast<uint2*>(dst)[i] = static_cast<const uint2*>(src)[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < kBytes / 4; ++i)
+      static_cast<unsigned*>(dst)[i] = static_cast<const unsigned*>(src)[i];
   }
 }
 
@@ -225,7 +277,8 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
   using Shared = ChainShared<P, kRows>;
   constexpr int kStages = Shared::kStages;
   constexpr bool kTensor = P != int(Precision::kFp32);
-  constexpr int kK = P == int(Precision::kBf16) ? 16 : 8;  // wmma k
+  constexpr int kK = P == int(Precision::kBf16) ? 16 : 8;  // mma k
+  constexpr int kALd = ALd<P>();
   constexpr int kRowTiles = kRows / 16;
   constexpr int kMr = kRows / kChainWarps;  // SIMT rows per thread
   constexpr int kChunk = ChunkN<P>();
@@ -309,15 +362,21 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
 
   // Tensor path: warp w owns column tiles w + 8 j (j < kColTiles) of each
   // chunk, all row tiles: A fragments feed kColTiles products, B fragments
-  // kRowTiles.
-  wmma::fragment<wmma::accumulator, 16, 16, kK, float> acc[kColTiles][kRowTiles];
+  // kRowTiles. PTX mma (bf16 m16n8k16, TF32 m16n8k8) on fragments loaded
+  // by ldmatrix (A; bf16 B transposed) or by single loads (TF32 B);
+  // macc[j][i][h] holds the 8 columns h of 16 x 16 tile (i, j).
+  float macc[kColTiles][kRowTiles][2][4];
   float sacc[kMr][kCols];
   auto clear = [&]() {
     if constexpr (kTensor) {
 #pragma unroll
       for (int j = 0; j < kColTiles; ++j)
 #pragma unroll
-        for (int i = 0; i < kRowTiles; ++i) wmma::fill_fragment(acc[j][i], 0.0f);
+        for (int i = 0; i < kRowTiles; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) macc[j][i][h][q] = 0.0f;
     } else {
 #pragma unroll
       for (int i = 0; i < kMr; ++i)
@@ -346,22 +405,37 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
     const int a_ld = a_global ? kALd : buf_ld;
     const T* b_tile = sh.b_stage(slot);
     if constexpr (kTensor) {
-      using Prec = std::conditional_t<kK == 8, wmma::precision::tf32, __nv_bfloat16>;
       if (warp * 16 < nc) {
+        // ldmatrix lanes: A rows lane % 16, 16-byte column group lane / 16.
+        // bf16 B (read transposed from [k][n]): k rows lane % 16, n half
+        // lane / 16. TF32 B: k row lane % 4 (+ 4), column lane / 4 (+ 8).
+        const T* a_lane = a_tile + (lane % 16) * a_ld + (lane / 16) * (16 / static_cast<int>(sizeof(T)));
+        const T* b_lane = P == int(Precision::kBf16) ? b_tile + (lane % 16) * kBLd + (lane / 16) * 8
+                                                     : b_tile + (lane % 4) * kBLd + lane / 4;
 #pragma unroll 2
         for (int kk = 0; kk < kvalid; kk += kK) {
-          wmma::fragment<wmma::matrix_a, 16, 16, kK, Prec, wmma::row_major> af[kRowTiles];
+          unsigned af[kRowTiles][4];
 #pragma unroll
-          for (int i = 0; i < kRowTiles; ++i)
-            wmma::load_matrix_sync(af[i], a_tile + (i * 16) * a_ld + kk, a_ld);
+          for (int i = 0; i < kRowTiles; ++i) LoadMatrices<false>(af[i], a_lane + (i * 16) * a_ld + kk);
 #pragma unroll
           for (int j = 0; j < kColTiles; ++j) {
             const int ct = warp + kChainWarps * j;
             if (ct * 16 < nc) {
-              wmma::fragment<wmma::matrix_b, 16, 16, kK, Prec, wmma::row_major> bf;
-              wmma::load_matrix_sync(bf, b_tile + kk * kBLd + ct * 16, kBLd);
+              unsigned bf[4];  // k 0-7 | k 8-15 (TF32: 0-3 | 4-7) of columns 0-7, then of columns 8-15
+              const T* bp = b_lane + kk * kBLd + ct * 16;
+              if constexpr (P == int(Precision::kBf16)) {
+                LoadMatrices<true>(bf, bp);
+              } else {
+                bf[0] = __float_as_uint(bp[0]);
+                bf[1] = __float_as_uint(bp[4 * kBLd]);
+                bf[2] = __float_as_uint(bp[8]);
+                bf[3] = __float_as_uint(bp[4 * kBLd + 8]);
+              }
 #pragma unroll
-              for (int i = 0; i < kRowTiles; ++i) wmma::mma_sync(acc[j][i], af[i], bf, acc[j][i]);
+              for (int i = 0; i < kRowTiles; ++i) {
+                Mma<P>(macc[j][i][0], af[i], bf[0], bf[1]);
+                Mma<P>(macc[j][i][1], af[i], bf[2], bf[3]);
+              }
             }
           }
         }
@@ -388,25 +462,21 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
       const EmitArgs e(op, pass.rows);
       T* out_buf = e.out_buf >= 0 ? sh.buffer(e.out_buf) : nullptr;
       if constexpr (kTensor) {
-        // Lane: row lane / 2 of each 16 x 16 tile, columns (lane % 2) * 8 .. + 8.
-        float* stg = sh.acc_stage + warp * 16 * kStageLd;
-        const int tr = lane / 2;
-        const int tc = (lane % 2) * 8;
-#pragma unroll
-        for (int j = 0; j < kColTiles; ++j) {
+        // Lane: rows lane / 4 and lane / 4 + 8, columns 2 (lane % 4) .. + 2 of each 16 x 8 half.
+        const int tr = lane / 4;
+        const int tc = (lane % 4) * 2;
+        // Compile-time indices keep macc in registers (a runtime-indexed
+        // loop here put it in local memory).
+        StaticFor<kColTiles * kRowTiles * 4>([&](auto q) {
+          constexpr int kQ = decltype(q)::value;
+          constexpr int j = kQ / (kRowTiles * 4), i = kQ / 4 % kRowTiles, h = kQ / 2 % 2, half = kQ % 2;
           const int ct = warp + kChainWarps * j;
-          if (ct * 16 >= nc) continue;
-#pragma unroll
-          for (int i = 0; i < kRowTiles; ++i) {
-            wmma::store_matrix_sync(stg, acc[j][i], kStageLd, wmma::mem_row_major);
-            __syncwarp();
-            float v[8];
-            CopyVec<32>(v, stg + tr * kStageLd + tc);
-            const int r = i * 16 + tr;
-            EmitRun<P, 8>(e, out_buf, buf_ld, r, row0 + r, n0 + ct * 16 + tc, v);
-            __syncwarp();
+          if (ct * 16 < nc) {
+            float v[2] = {macc[j][i][h][2 * half], macc[j][i][h][2 * half + 1]};
+            const int r = i * 16 + half * 8 + tr;
+            EmitRun<P, 2>(e, out_buf, buf_ld, r, row0 + r, n0 + ct * 16 + h * 8 + tc, v);
           }
-        }
+        });
       } else {
         if (lane * 4 < nc) {
 #pragma unroll

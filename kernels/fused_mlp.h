@@ -87,6 +87,11 @@ struct alignas(16) FusedPass {
   FusedOp ops[kFusedMaxOps];
 };
 
+// Elements per row of a chain block's shared activation buffers for
+// activations up to `widest` (padded) features: 16 bytes of skew, so the eight
+// rows an ldmatrix phase reads fall in distinct bank groups.
+inline int FusedBufLd(int widest, Precision p) { return widest + 16 / OperandBytes(p); }
+
 struct FusedProgram {
   Precision precision = Precision::kTf32;
   int rows_per_block = 32;  // 16 or 32

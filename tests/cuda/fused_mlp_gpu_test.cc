@@ -2,7 +2,7 @@
 // against a double-precision reference on fresh random networks and inputs,
 // for every operand precision and for shapes that exercise the padding (odd
 // widths, a batch that is not a multiple of the row tile, one and three
-// trunk layers): the forward logits of all three passes, every layer's
+// trunk layers, both row tiles of the forward): the forward logits of all three passes, every layer's
 // weight and bias gradient, the norm partials, and bitwise repeatability.
 #include <gtest/gtest.h>
 
@@ -172,6 +172,9 @@ const Shape kShapes[] = {
     {"Odd", 6, {40}, 20, 51, {3, 2}, 37},
     {"H200", 48, {256, 256}, 128, 51, {5, 5, 5, 5}, 64},
     {"Deep", 4, {64, 96, 64}, 64, 11, {2}, 100},
+    // Past 3 ceil(B / 16) > SMs (132 on H100/H200) the forward takes 32 rows
+    // per block; the smaller batches above take 16.
+    {"Tall", 48, {256, 256}, 128, 51, {5, 5, 5, 5}, 1000},
 };
 
 TEST_P(FusedNetworkTest, ForwardAndGradientsMatchDoubleReference) {
@@ -303,7 +306,7 @@ TEST_P(FusedNetworkTest, ForwardAndGradientsMatchDoubleReference) {
 INSTANTIATE_TEST_SUITE_P(AllPrecisions, FusedNetworkTest,
                          ::testing::Combine(::testing::Values(Precision::kFp32, Precision::kTf32,
                                                               Precision::kBf16),
-                                            ::testing::Values(0, 1, 2)),
+                                            ::testing::Values(0, 1, 2, 3)),
                          [](const auto& info) {
                            return std::string(Name(std::get<0>(info.param))) + "_" +
                                   kShapes[std::get<1>(info.param)].name;
@@ -340,10 +343,13 @@ TEST(FusedNetwork, AutoChoiceFollowsTheMeasuredCrossover) {
   ASSERT_TRUE(wide.ok() && narrow.ok());
   for (Precision p : {Precision::kFp32, Precision::kTf32, Precision::kBf16}) {
     EXPECT_EQ(cuda::FusedNetwork::AutoDeclines(*narrow, 64, p), "") << Name(p);
-    EXPECT_NE(cuda::FusedNetwork::AutoDeclines(*wide, 256, p), "") << Name(p);
   }
+  // h200 (256 wide): bf16 fused at every batch, TF32 from 512 on, FP32 never.
+  EXPECT_EQ(cuda::FusedNetwork::AutoDeclines(*wide, 256, Precision::kBf16), "");
   EXPECT_EQ(cuda::FusedNetwork::AutoDeclines(*wide, 1024, Precision::kBf16), "");
-  const std::string why = cuda::FusedNetwork::AutoDeclines(*wide, 1024, Precision::kTf32);
+  EXPECT_EQ(cuda::FusedNetwork::AutoDeclines(*wide, 1024, Precision::kTf32), "");
+  EXPECT_NE(cuda::FusedNetwork::AutoDeclines(*wide, 256, Precision::kTf32), "");
+  const std::string why = cuda::FusedNetwork::AutoDeclines(*wide, 1024, Precision::kFp32);
   EXPECT_NE(why.find("256 features"), std::string::npos) << why;
   EXPECT_NE(why.find("QSTREAM_CUDA_PATH=fused"), std::string::npos) << why;
 }

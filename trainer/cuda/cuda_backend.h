@@ -6,8 +6,8 @@
 // per pass with activations in shared memory, one weight-gradient kernel) or
 // through cuBLASLt (trainer/cuda/cublas_network.h, bias/ReLU in the epilogues, online
 // and target forward as one strided-batch GEMM per layer). The environment
-// variable QSTREAM_CUDA_PATH=auto|fused|cublas picks the path (auto: fused up
-// to cuda::kFusedAutoWidth features, where it was measured faster);
+// variable QSTREAM_CUDA_PATH=auto|fused|cublas picks the path (auto: fused
+// where it was measured faster, cuda::FusedNetwork::AutoDeclines);
 // QSTREAM_CUDA_EPILOGUES=unbatched|unfused forces the simpler cuBLASLt paths
 // for diagnosis. device() names the path in brackets, and why.
 #pragma once

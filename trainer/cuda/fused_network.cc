@@ -15,8 +15,17 @@ using kernels::FusedPass;
 using kernels::GradJob;
 using kernels::PackJob;
 
-constexpr int kForwardRows = 32;
+// Rows per block of the chain kernels. The forward's three passes take 16
+// rows per block while that keeps every block in one wave (3 ceil(B / 16)
+// blocks at most one per SM), 32 beyond. H100, h200 config, us per step with
+// 16 / 32 forward rows: B = 256 bf16 141 / 154, TF32 179 / 198; B = 1024 bf16
+// 207 / 179, TF32 228 / 228 (bench/NOTES.md, stop 28). The backward (one
+// pass) measured fastest at 16 rows at every batch.
+constexpr int kMaxForwardRows = 32;
 constexpr int kBackwardRows = 16;
+int ForwardRows(int batch, int sm_count) {
+  return 3 * ((batch + 15) / 16) <= sm_count ? 16 : kMaxForwardRows;
+}
 constexpr int kMaxTrunk = 4;
 
 char* Offset(void* p, int64_t elements, int elem) { return static_cast<char*>(p) + elements * elem; }
@@ -32,12 +41,13 @@ int FusedNetwork::WidestPadded(const NetworkSpec& spec) {
 std::string FusedNetwork::AutoDeclines(const NetworkSpec& spec, int batch, kernels::Precision precision) {
   const int widest = WidestPadded(spec);
   if (widest <= kFusedAutoWidth) return "";
-  if (precision == kernels::Precision::kBf16 && widest <= kFusedAutoWidthBf16 &&
-      batch >= kFusedAutoBatchBf16) {
-    return "";
+  if (widest <= kFusedAutoWidthTensor) {
+    if (precision == kernels::Precision::kBf16) return "";
+    if (precision == kernels::Precision::kTf32 && batch >= kFusedAutoBatchTf32) return "";
   }
-  return absl::StrCat("auto: ", widest, " features > ", kFusedAutoWidth, " (bf16: > ", kFusedAutoWidthBf16,
-                      " or batch < ", kFusedAutoBatchBf16, "), QSTREAM_CUDA_PATH=fused forces it");
+  return absl::StrCat("auto: ", widest, " features > ", kFusedAutoWidth, " (bf16: > ", kFusedAutoWidthTensor,
+                      "; tf32: > ", kFusedAutoWidthTensor, " or batch < ", kFusedAutoBatchTf32,
+                      "), QSTREAM_CUDA_PATH=fused forces it");
 }
 
 std::string FusedNetwork::Unsupported(const NetworkSpec& spec, int batch, kernels::Precision precision,
@@ -52,8 +62,8 @@ std::string FusedNetwork::Unsupported(const NetworkSpec& spec, int batch, kernel
   }
   kernels::FusedProgram probe;
   probe.precision = precision;
-  probe.rows_per_block = kForwardRows;
-  probe.buf_ld = widest + 8;
+  probe.rows_per_block = kMaxForwardRows;  // the larger of the two choices
+  probe.buf_ld = kernels::FusedBufLd(widest, precision);
   // + the pass descriptor each block keeps in static shared memory.
   if (kernels::FusedSharedBytes(probe) + sizeof(kernels::FusedPass) + 128 > shared_limit) {
     return absl::StrCat("needs ", kernels::FusedSharedBytes(probe),
@@ -210,10 +220,15 @@ absl::Status FusedNetwork::Init(const NetworkSpec& spec, int batch, kernels::Pre
   for (int k = 0; k < L; ++k) widest = std::max(widest, wp[k]);
   forward_ = {};
   forward_.precision = precision;
-  forward_.rows_per_block = kForwardRows;
-  forward_.buf_ld = widest + 8;
+  int device = 0;
+  int sm_count = 0;
+  QS_CUDA_CHECK(cudaGetDevice(&device));
+  QS_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  const int forward_rows = ForwardRows(B, sm_count);
+  forward_.rows_per_block = forward_rows;
+  forward_.buf_ld = kernels::FusedBufLd(widest, precision);
   forward_.num_passes = 3;
-  const int fblocks = (B + kForwardRows - 1) / kForwardRows;
+  const int fblocks = (B + forward_rows - 1) / forward_rows;
   for (int p = 0; p < 3; ++p) {
     const ForwardMats& f = fwd[p == 2 ? 1 : 0];
     const bool keep = p == 0;

@@ -29,12 +29,14 @@ struct FusedNetworkIo {
 };
 
 // The automatic choice (QSTREAM_CUDA_PATH=auto) takes the fused path where
-// it was measured faster than cuBLASLt (bench/NOTES.md, v5): networks whose
-// widest padded activation is at most kFusedAutoWidth, and with bf16 operands
-// up to kFusedAutoWidthBf16 at batches of at least kFusedAutoBatchBf16.
+// it was measured faster than cuBLASLt (bench/NOTES.md, stop 28): networks
+// whose widest padded activation is at most kFusedAutoWidth; up to
+// kFusedAutoWidthTensor with bf16 operands, and with TF32 operands at batches
+// of at least kFusedAutoBatchTf32. FP32 wider than kFusedAutoWidth stays on
+// cuBLASLt.
 inline constexpr int kFusedAutoWidth = 128;
-inline constexpr int kFusedAutoWidthBf16 = 256;
-inline constexpr int kFusedAutoBatchBf16 = 512;
+inline constexpr int kFusedAutoWidthTensor = 256;
+inline constexpr int kFusedAutoBatchTf32 = 512;
 
 class FusedNetwork {
  public:
