@@ -22,9 +22,10 @@ import json
 import operator
 import os
 from pathlib import Path
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, Callable, Iterable, Sequence, Union
 
 import grpc
+import grpc.aio
 
 MiB = 1 << 20
 
@@ -290,6 +291,51 @@ def open_channel(
     read or the parameters do not fit together. Connecting happens on the
     first call.
     """
+    credentials, channel_options, token = _channel_parts(
+        server, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name, token=token,
+        token_file=token_file, max_receive_message_length=max_receive_message_length, options=options)
+    if credentials is not None:
+        channel = grpc.secure_channel(server, credentials, options=channel_options)
+    else:
+        channel = grpc.insecure_channel(server, options=channel_options)
+    if token is not None:
+        channel = grpc.intercept_channel(channel, _BearerToken(token))
+    return channel
+
+
+def aio_channel_factory(
+    server: str, *, options: Iterable[tuple[str, Any]] = (), **security: Any
+) -> tuple[Callable[[], "grpc.aio.Channel"], tuple[tuple[str, str], ...]]:
+    """(open, metadata) for a grpc.aio channel to `server` with the
+    parameters of open_channel (those that are not None), checked here:
+    open() makes the channel (call it on the event loop that will use it),
+    and `metadata` (the bearer token, if any) goes with each call."""
+    given = {k: v for k, v in security.items() if v is not None}
+    credentials, channel_options, token = _channel_parts(server, options=options, **given)
+    metadata = (("authorization", f"Bearer {token}"),) if token is not None else ()
+
+    def open_aio() -> "grpc.aio.Channel":
+        if credentials is not None:
+            return grpc.aio.secure_channel(server, credentials, options=channel_options)
+        return grpc.aio.insecure_channel(server, options=channel_options)
+
+    return open_aio, metadata
+
+
+def _channel_parts(
+    server: str,
+    *,
+    tls_ca: PathLike | None = None,
+    tls_cert: PathLike | None = None,
+    tls_key: PathLike | None = None,
+    tls_server_name: str | None = None,
+    token: str | None = None,
+    token_file: PathLike | None = None,
+    max_receive_message_length: int = DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH,
+    options: Iterable[tuple[str, Any]] = (),
+) -> tuple[grpc.ChannelCredentials | None, list[tuple[str, Any]], str | None]:
+    """open_channel's checks: (TLS credentials or None for plaintext, the
+    channel options, the bearer token or None)."""
     if not isinstance(server, str) or ("," in server and not server.lower().startswith(_TARGET_SCHEMES)):
         raise ValueError(f"server: {server!r} names several daemons; a channel goes to one (Writer, "
                          f"ActorClient and run_actor take several)")
@@ -312,6 +358,7 @@ def open_channel(
     merged["grpc.max_receive_message_length"] = check_receive_limit(max_receive_message_length)
     merged.update(options)  # the caller's options win (gRPC takes one value per key)
     channel_options: list[tuple[str, Any]] = list(merged.items())
+    credentials = None
     if tls:
         credentials = grpc.ssl_channel_credentials(
             root_certificates=_read_pem(tls_ca, "tls_ca") if tls_ca is not None else None,
@@ -320,12 +367,7 @@ def open_channel(
         )
         if tls_server_name:
             channel_options.append(("grpc.ssl_target_name_override", tls_server_name))
-        channel = grpc.secure_channel(server, credentials, options=channel_options)
-    else:
-        channel = grpc.insecure_channel(server, options=channel_options)
-    if token is not None:
-        channel = grpc.intercept_channel(channel, _BearerToken(token))
-    return channel
+    return credentials, channel_options, token
 
 
 def channel_for(

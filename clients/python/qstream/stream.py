@@ -24,6 +24,7 @@ predicates (a free slot, no batch in flight) with cv.wait_for.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import queue
 import threading
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import grpc
+import grpc.aio
 
 from qstream.channel import QstreamError, auth_error, is_token_refused
 from qstream.proto import experience_pb2
@@ -48,6 +50,7 @@ _FATAL_CODES = {
 }
 
 _FIRST_BACKOFF_S = 0.1
+_IDLE = object()  # AioExperienceStream's writer: nothing to write yet
 
 
 class BatchRejected(QstreamError):
@@ -100,7 +103,7 @@ class _Sent:
 class ExperienceStream:
     def __init__(
         self,
-        channel: grpc.Channel,
+        channel: grpc.Channel | None,
         *,
         stream_id: str,
         max_in_flight: int,
@@ -113,9 +116,10 @@ class ExperienceStream:
             raise ValueError("max_in_flight must be >= 1")
         # Requests go out already serialized (bytes): a resend after a
         # reconnect costs no second serialization.
-        self._call_stream = channel.stream_stream(
-            STREAM_METHOD, request_serializer=None, response_deserializer=experience_pb2.Ack.FromString
-        )
+        if channel is not None:  # None: a subclass opens its own
+            self._call_stream = channel.stream_stream(
+                STREAM_METHOD, request_serializer=None, response_deserializer=experience_pb2.Ack.FromString
+            )
         self.stream_id = stream_id
         self.max_in_flight = max_in_flight
         # AIMD on Ack.throttle: halved on a throttled ack at most once per
@@ -184,8 +188,7 @@ class ExperienceStream:
         self._unacked[seq] = sent
         self._stats.sent_batches += 1
         self._stats.sent_transitions += sent.count
-        if self._queue is not None:
-            self._queue.put(sent.payload)
+        self._enqueue_locked(sent.payload)
         return seq
 
     def stats_locked(self) -> StreamStats:
@@ -207,8 +210,7 @@ class ExperienceStream:
         into its replay); cancels it when it does not end in time."""
         with self.cv:
             self._closing = True
-            if self._queue is not None:
-                self._queue.put(None)
+            self._end_writes_locked()
             self.cv.notify_all()
         self._reader.join(timeout)
         if self._reader.is_alive():
@@ -218,13 +220,25 @@ class ExperienceStream:
         """Cancels the call and stops the reader without waiting for acks."""
         with self.cv:
             self._closing = self._aborted = True
-            if self._queue is not None:
-                self._queue.put(None)
+            self._end_writes_locked()
             call = self._call
             self.cv.notify_all()
         if call is not None:
-            call.cancel()
+            self._cancel(call)
         self._reader.join()
+
+    # ---- the transport: grpc's synchronous stream ------------------------
+
+    def _enqueue_locked(self, payload: bytes) -> None:
+        if self._queue is not None:
+            self._queue.put(payload)
+
+    def _end_writes_locked(self) -> None:
+        if self._queue is not None:
+            self._queue.put(None)
+
+    def _cancel(self, call) -> None:
+        call.cancel()
 
     # ---- the ack reader thread -------------------------------------------
 
@@ -299,20 +313,11 @@ class ExperienceStream:
                 error = None
             except grpc.RpcError as e:
                 error = e
-                with self.cv:
-                    if self._aborted or (self._closing and not self._unacked):
-                        return
-                if is_token_refused(e):
-                    self._fail(auth_error("ExperienceService.Stream", e))
-                    return
-                if e.code() in _FATAL_CODES:
-                    self._fail(StreamError(f"stream ended by the daemon: {e.code().name}: {e.details()}"))
+                if self._ends_stream(e):
                     return
             now = time.monotonic()
             failing_since = failing_since or now
-            if now - failing_since > self._reconnect_timeout_s:
-                detail = f"{error.code().name}: {error.details()}" if error is not None else "stream ended"
-                self._fail(StreamError(f"could not reconnect within {self._reconnect_timeout_s}s ({detail})"))
+            if self._gave_up(error, now - failing_since):
                 return
             with self.cv:
                 # Sleeps out the backoff, but wakes at once on abort.
@@ -322,9 +327,162 @@ class ExperienceStream:
             with self.cv:
                 self._stats.reconnects += 1
 
+    def _ends_stream(self, e: grpc.RpcError) -> bool:
+        """Whether the call's error `e` ends the stream (an abort, a clean
+        close, a refused token, a fatal code) rather than a reconnect."""
+        with self.cv:
+            if self._aborted or (self._closing and not self._unacked):
+                return True
+        if is_token_refused(e):
+            self._fail(auth_error("ExperienceService.Stream", e))
+            return True
+        if e.code() in _FATAL_CODES:
+            self._fail(StreamError(f"stream ended by the daemon: {e.code().name}: {e.details()}"))
+            return True
+        return False
+
+    def _gave_up(self, error: grpc.RpcError | None, failing_s: float) -> bool:
+        """Fails the stream once reconnecting failed for reconnect_timeout_s."""
+        if failing_s <= self._reconnect_timeout_s:
+            return False
+        detail = f"{error.code().name}: {error.details()}" if error is not None else "stream ended"
+        self._fail(StreamError(f"could not reconnect within {self._reconnect_timeout_s}s ({detail})"))
+        return True
+
     def _fail(self, error: QstreamError) -> None:
         with self.cv:
             self._fatal = error
             if self.on_acked_locked is not None:
                 self.on_acked_locked()
             self.cv.notify_all()
+
+
+class AioExperienceStream(ExperienceStream):
+    """The same stream on grpc.aio: one event-loop thread writes the batches
+    (await call.write) and reads the acks. The synchronous stream hands every
+    batch to grpc's request-iterator thread, which waits for each send before
+    taking the next, and every ack to grpc's channel thread and then the ack
+    reader, each a wake-up that needs the GIL; here a batch wakes the loop
+    only when its writer is idle, and an ack is handled where it is read.
+
+    `open_channel` makes the grpc.aio channel (called on the loop's thread,
+    which owns and closes it); `metadata` goes with every call."""
+
+    def __init__(self, open_channel: Callable[[], "grpc.aio.Channel"], *, metadata=(), **kwargs):
+        self._open_aio_channel = open_channel
+        self._metadata = tuple(metadata) or None
+        self._loop = asyncio.new_event_loop()
+        self._pending: collections.deque[bytes] = collections.deque()  # for the current call, in order
+        self._writer_idle = False
+        self._wake: asyncio.Event | None = None  # the writer's, set on the loop
+        self._stop: asyncio.Event | None = None  # cuts a backoff short on abort
+        super().__init__(None, **kwargs)
+
+    def _enqueue_locked(self, payload: bytes) -> None:
+        self._pending.append(payload)
+        self._wake_writer_locked()
+
+    def _end_writes_locked(self) -> None:
+        self._wake_writer_locked()
+        if self._aborted:
+            self._call_soon(lambda: self._stop is not None and self._stop.set())
+
+    def _cancel(self, call) -> None:
+        self._call_soon(call.cancel)
+
+    def _wake_writer_locked(self) -> None:
+        if self._writer_idle:
+            self._writer_idle = False
+            self._call_soon(lambda: self._wake is not None and self._wake.set())
+
+    def _call_soon(self, fn) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn)
+        except RuntimeError:
+            pass  # the loop has ended: nothing left to wake
+
+    def _run(self) -> None:
+        try:
+            self._loop.run_until_complete(self._run_async())
+        finally:
+            self._loop.close()
+
+    async def _run_async(self) -> None:
+        self._wake, self._stop = asyncio.Event(), asyncio.Event()
+        channel = self._open_aio_channel()
+        try:
+            self._call_stream = channel.stream_stream(
+                STREAM_METHOD, request_serializer=None, response_deserializer=experience_pb2.Ack.FromString
+            )
+            await self._run_calls()
+        finally:
+            await channel.close()
+
+    async def _run_calls(self) -> None:
+        backoff = _FIRST_BACKOFF_S
+        failing_since = None
+        while True:
+            with self.cv:
+                if self._aborted:
+                    return
+                self._pending = collections.deque(sent.payload for sent in self._unacked.values())
+                self._writer_idle = False
+                call = self._call = self._call_stream(metadata=self._metadata)
+            writer = asyncio.ensure_future(self._write(call))
+            error = None
+            try:
+                while True:
+                    ack = await call.read()
+                    if ack is grpc.aio.EOF:
+                        break
+                    self._handle_ack(ack)
+                    backoff, failing_since = _FIRST_BACKOFF_S, None
+                with self.cv:
+                    if self._closing and not self._unacked:
+                        return
+            except grpc.RpcError as e:
+                error = e
+                if self._ends_stream(e):
+                    return
+            except asyncio.CancelledError:  # call.cancel() from abort()
+                with self.cv:
+                    if self._aborted:
+                        return
+            finally:
+                writer.cancel()
+            now = time.monotonic()
+            failing_since = failing_since or now
+            if self._gave_up(error, now - failing_since):
+                return
+            try:
+                await asyncio.wait_for(self._stop.wait(), backoff)
+                return  # aborted
+            except asyncio.TimeoutError:
+                pass
+            backoff = min(backoff * 2, self._max_backoff_s)
+            with self.cv:
+                self._stats.reconnects += 1
+
+    async def _write(self, call) -> None:
+        """Writes the call's batches in order as they are submitted, and
+        half-closes it once the stream is closing and none is left."""
+        try:
+            while True:
+                with self.cv:
+                    if self._pending:
+                        payload = self._pending.popleft()
+                    elif self._closing:
+                        payload = None
+                    else:
+                        self._writer_idle = True
+                        self._wake.clear()
+                        payload = _IDLE
+                if payload is _IDLE:
+                    await self._wake.wait()
+                elif payload is None:
+                    await call.done_writing()
+                    return
+                else:
+                    await call.write(payload)
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass  # the call ended: the reader sees why and reconnects or stops

@@ -39,6 +39,7 @@ qstream_episode_length_steps.
 from __future__ import annotations
 
 import math
+import os
 import re
 import threading
 import time
@@ -50,9 +51,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from qstream.batch import BOOL, F32, I32, U32, StepColumns
-from qstream.channel import PathLike, QstreamError, Servers, channel_for, parse_servers
+from qstream.channel import PathLike, QstreamError, Servers, aio_channel_factory, channel_for, parse_servers
 from qstream.proto import experience_pb2
-from qstream.stream import BatchRejected, ExperienceStream, StreamError, StreamStats
+from qstream.stream import AioExperienceStream, BatchRejected, ExperienceStream, StreamError, StreamStats
 
 # Bounds of episode reports fixed by the wire API (proto/episode_limits.h).
 MAX_EPISODES_PER_BATCH = 4096
@@ -173,19 +174,24 @@ class Writer:
         self._obs_dim = obs_dim
         self._num_branches = num_branches
 
-        if not isinstance(target, grpc.Channel):
-            (target,) = parse_servers(target)
-        self._channel, self._own_channel = channel_for(
-            target, options=channel_options or (), tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
-            tls_server_name=tls_server_name, token=token, token_file=token_file,
-        )
         lock = threading.RLock()
         self._cv = threading.Condition(lock)  # acks, free slots: shared with the stream
         self._sender_cv = threading.Condition(lock)  # wakes the sender thread only
-        self._stream = ExperienceStream(
-            self._channel, stream_id=stream_id or f"py-{uuid.uuid4().hex}", max_in_flight=max_in_flight,
-            max_backoff_s=max_backoff_s, reconnect_timeout_s=reconnect_timeout_s, on_ack=on_ack, cv=self._cv,
-        )
+        stream_args = dict(stream_id=stream_id or f"py-{uuid.uuid4().hex}", max_in_flight=max_in_flight,
+                           max_backoff_s=max_backoff_s, reconnect_timeout_s=reconnect_timeout_s, on_ack=on_ack,
+                           cv=self._cv)
+        security = dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name,
+                        token=token, token_file=token_file)
+        self._channel, self._own_channel = None, False
+        if isinstance(target, grpc.Channel) or os.environ.get("QSTREAM_SYNC_STREAM"):
+            if not isinstance(target, grpc.Channel):
+                (target,) = parse_servers(target)
+            self._channel, self._own_channel = channel_for(target, options=channel_options or (), **security)
+            self._stream = ExperienceStream(self._channel, **stream_args)
+        else:
+            (target,) = parse_servers(target)
+            open_aio, metadata = aio_channel_factory(target, options=channel_options or (), **security)
+            self._stream = AioExperienceStream(open_aio, metadata=metadata, **stream_args)
         self._stream.on_acked_locked = self._on_acked_locked
 
         # The buffer: rows [0, _n) of _buf (and final_obs rows [0, _ends)),
