@@ -1,5 +1,7 @@
 """ExperienceStream: the numbered, reconnecting ExperienceService.Stream call
-under qstream.Writer (and through it ActorClient and run_actor).
+under qstream.Writer (and through it ActorClient and run_actor), on grpc's
+synchronous API (a ready grpc.Channel); AioExperienceStream is the same
+stream on grpc.aio (the Writer's for an address).
 
 - Numbering: batches get sequence 1, 2, ... under one stream_id; each is
   serialized once and kept, as bytes, until its Ack arrives.

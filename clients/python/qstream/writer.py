@@ -21,7 +21,9 @@ or close() sends goes in the full form (next_obs of every row) when every
 row of it came with next_obs, so each env's newest step is complete when
 the stream closes. Sending is pipelined:
 up to `max_in_flight` batches wait for their ack. The stream itself
-(numbering, reconnect and resend, error acks) is qstream.stream.
+(numbering, reconnect and resend, error acks) is qstream.stream: for an
+address its grpc.aio form (one event-loop thread writes the batches and
+reads the acks), for a ready grpc.Channel grpc's synchronous stream.
 
 Several addresses (the ranks of a data-parallel learner: Writer(["h1:p1",
 "h2:p2"]) or "h1:p1,h2:p2") make a qstream.spread.SpreadWriter, a Writer
@@ -39,7 +41,6 @@ qstream_episode_length_steps.
 from __future__ import annotations
 
 import math
-import os
 import re
 import threading
 import time
@@ -113,7 +114,9 @@ class Writer:
             "py-<uuid>".
         max_backoff_s, reconnect_timeout_s: reconnect backoff cap, and how
             long reconnecting may fail before StreamError.
-        on_ack: called as on_ack(ack, stats) from the ack thread.
+        on_ack: called as on_ack(ack, stats) from the thread that reads
+            the acks (for an address, the stream's event loop, which also
+            sends the batches: keep it short and never wait on the Writer).
         env: the environment's name, e.g. "CartPole-v1": the `env` label of
             the daemon's episode metrics for report_episode() (up to 64
             characters of [A-Za-z0-9_.:/-]); None: "unnamed".
@@ -183,12 +186,11 @@ class Writer:
         security = dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name,
                         token=token, token_file=token_file)
         self._channel, self._own_channel = None, False
-        if isinstance(target, grpc.Channel) or os.environ.get("QSTREAM_SYNC_STREAM"):
-            if not isinstance(target, grpc.Channel):
-                (target,) = parse_servers(target)
+        if isinstance(target, grpc.Channel):
             self._channel, self._own_channel = channel_for(target, options=channel_options or (), **security)
             self._stream = ExperienceStream(self._channel, **stream_args)
-        else:
+        else:  # the stream opens its own grpc.aio channel on its event loop
+
             (target,) = parse_servers(target)
             open_aio, metadata = aio_channel_factory(target, options=channel_options or (), **security)
             self._stream = AioExperienceStream(open_aio, metadata=metadata, **stream_args)

@@ -4,6 +4,7 @@ what batches it sends, when, and how it holds back and fails."""
 import threading
 import time
 
+import grpc
 import numpy as np
 import pytest
 from fake_daemon import FakeDaemon
@@ -14,16 +15,22 @@ from qstream.batch import Tensor, to_numpy
 OBS_DIM = 3
 
 
-@pytest.fixture
-def fake():
+@pytest.fixture(params=["aio", "sync"])
+def fake(request):
+    """The fake daemon, and `target` for the Writers of a test: its address
+    (the Writer's grpc.aio stream) or a ready channel (the synchronous one)."""
     d = FakeDaemon()
+    channel = grpc.insecure_channel(d.address) if request.param == "sync" else None
+    d.target = channel or d.address
     yield d
     d.stop()
+    if channel is not None:
+        channel.close()
 
 
 def writer(fake, **kw):
     kw.setdefault("max_delay", None)
-    return Writer(fake.address, obs_dim=OBS_DIM, num_branches=1, **kw)
+    return Writer(fake.target, obs_dim=OBS_DIM, num_branches=1, **kw)
 
 
 def col(batch, name):
@@ -130,7 +137,7 @@ def test_sent_tensors_round_trip_dtype_shape_and_bytes(fake):
     rng = np.random.default_rng(0)
     obs = rng.normal(size=(4, OBS_DIM)).astype(np.float32)
     nxt = rng.normal(size=(4, OBS_DIM)).astype(np.float32)
-    w = Writer(fake.address, max_batch=4, max_delay=None)  # obs_dim and num_branches from the first append
+    w = Writer(fake.target, max_batch=4, max_delay=None)  # obs_dim and num_branches from the first append
     w.append(obs, [[0, 1], [1, 0], [2, 2], [0, 0]], [0.5, 1, 1.5, 2], [0, 1, 0, 0], [0, 0, 1, 0],
              next_obs=nxt, env_ids=[3, 1, 2, 0], policy_version=7)  # sent by size: the step-stream form
     w.append(obs[:2], [[1, 1], [2, 0]], [3, 4], [0, 0], [0, 0], next_obs=nxt[:2], env_ids=[3, 1])
