@@ -1,6 +1,7 @@
 """qstream.Writer against an in-process fake ExperienceService (no qstreamd):
 what batches it sends, when, and how it holds back and fails."""
 
+import socket
 import threading
 import time
 
@@ -462,3 +463,18 @@ def test_without_step_stream_every_batch_is_full_and_needs_next_obs(fake):
     assert not b.HasField("final_obs")
     np.testing.assert_array_equal(col(b, "next_obs"), np.ones((2, OBS_DIM)))
     w.close()
+
+
+def test_abort_while_reconnecting_returns_at_once_and_ends_the_stream_thread():
+    """No daemon at the address: the stream sits in its reconnect backoff
+    (grown to ~1 s), and abort() cuts it short instead of sleeping it out."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"  # closed again: nothing listens
+    w = Writer(address, obs_dim=OBS_DIM, num_branches=1, max_delay=None, max_backoff_s=30)
+    w.send(nstep_batch(np.ones((1, OBS_DIM)), [0], [1.0], [0.0], np.ones((1, OBS_DIM))))
+    wait_until(lambda: w.stats.reconnects >= 3)
+    start = time.monotonic()
+    w.abort()
+    assert time.monotonic() - start < 0.5
+    assert not w._stream._reader.is_alive()
