@@ -190,7 +190,6 @@ class Writer:
             self._channel, self._own_channel = channel_for(target, options=channel_options or (), **security)
             self._stream = ExperienceStream(self._channel, **stream_args)
         else:  # the stream opens its own grpc.aio channel on its event loop
-
             (target,) = parse_servers(target)
             open_aio, metadata = aio_channel_factory(target, options=channel_options or (), **security)
             self._stream = AioExperienceStream(open_aio, metadata=metadata, **stream_args)
