@@ -3,6 +3,8 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include <cstdint>
+
 #include "common/step_constants.h"
 #include "kernels/is_weight.cuh"
 #include "kernels/warp_reduce.cuh"
@@ -66,15 +68,86 @@ __device__ __forceinline__ float SoftmaxQ(const HeadShape& h, float mx, int lane
     l[k] = z < Z ? expf(l[k] - mx) : 0.0f;
     s += l[k];
   }
-  s = WarpSum(s);
+  // One division per softmax (s >= 1: the max term is exp(0)), not one per
+  // atom: an IEEE division per lane takes its slow path for the zero padding.
+  const float inv_s = 1.0f / WarpSum(s);
   float q = 0.0f;
 #pragma unroll
   for (int k = 0; k < kAtomsPerLane; ++k) {
     const int z = lane + 32 * k;
-    l[k] = l[k] / s;
+    l[k] = l[k] * inv_s;
     if (z < Z) q += l[k] * Atom(h, z);
   }
   return WarpSum(q);
+}
+
+// The dueling shift rows of every branch on s and on s' (shift[z] = V[z] -
+// mean_a A[a][z] over the branch's actions), into `shift`: 2 x branches x Z,
+// the s rows first. The whole block; the caller syncs.
+__device__ __forceinline__ void BranchShifts(const HeadShape& h, const float* v_s, const float* a_s,
+                                             const float* v_n, const float* a_n, float* __restrict__ shift) {
+  const int Z = h.num_atoms;
+  const int per_row = h.num_branches * Z;
+  for (int i = threadIdx.x; i < 2 * per_row; i += blockDim.x) {
+    const bool next = i >= per_row;
+    const int br = (next ? i - per_row : i) / Z;
+    const int z = (next ? i - per_row : i) - br * Z;
+    const float* a_row = next ? a_n : a_s;
+    const int first = h.branch_offset[br];
+    const int n = h.branch_offset[br + 1] - first;
+    float s = 0.0f;
+    for (int act = 0; act < n; ++act) s += a_row[(first + act) * Z + z];
+    shift[i] = (next ? v_n : v_s)[z] - s / n;
+  }
+}
+
+// Q of every action on s and on s' into q: 2 x total_actions (the s row
+// first), Q = sum_z e_z atom(z) / sum_z e_z with e_z = exp(l_z - max l),
+// l = A[a] + shift[branch(a)]. `tpr` threads (a power of two <= 32) share a
+// row: each walks atoms part, part + tpr, ... and a butterfly over the tpr
+// lanes combines them, so the rows of a 4 x 5 head fill the block instead of
+// taking one warp-wide reduction tree each. The whole block; the caller syncs.
+__device__ __forceinline__ void ActionQValues(const HeadShape& h, const float* a_s, const float* a_n,
+                                              const float* __restrict__ shift, int tpr,
+                                              float* __restrict__ q) {
+  const int Z = h.num_atoms;
+  const int TA = h.total_actions;
+  const int rows = 2 * TA;
+  const int part = threadIdx.x & (tpr - 1);
+  // Uniform trip count: every lane reaches the shuffles.
+  for (int base = 0; base < rows * tpr; base += blockDim.x) {
+    const int r = (base + threadIdx.x) / tpr;
+    const bool live = r < rows;
+    const bool next = r >= TA;
+    const int act = live ? (next ? r - TA : r) : 0;
+    int br = 0;
+    while (act >= h.branch_offset[br + 1]) ++br;
+    const float* a_row = (next ? a_n : a_s) + act * Z;
+    const float* s_row = shift + (next ? h.num_branches + br : br) * Z;
+    const int end = live ? Z : 0;
+    float mx = -INFINITY;
+    for (int z = part; z < end; z += tpr) mx = fmaxf(mx, a_row[z] + s_row[z]);
+    for (int o = 1; o < tpr; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float se = 0.0f, sq = 0.0f;
+    for (int z = part; z < end; z += tpr) {
+      const float e = expf(a_row[z] + s_row[z] - mx);
+      se += e;
+      sq += e * Atom(h, z);
+    }
+    for (int o = 1; o < tpr; o <<= 1) {
+      se += __shfl_xor_sync(0xffffffffu, se, o);
+      sq += __shfl_xor_sync(0xffffffffu, sq, o);
+    }
+    if (live && part == 0) q[r] = sq / se;
+  }
+}
+
+// Threads per row of ActionQValues: the most (a power of two, at most a warp)
+// with which the block still covers every row at once.
+__device__ __forceinline__ int ThreadsPerRow(int rows) {
+  int tpr = 1;
+  while (tpr < 32 && 2 * tpr * rows <= static_cast<int>(blockDim.x)) tpr *= 2;
+  return tpr;
 }
 
 // The sample's six logit rows (V and A on s, s' and the target's s'), copied
@@ -91,21 +164,42 @@ struct StagedRows {
   const float* a_t;
 };
 
+__device__ __forceinline__ bool Aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+// `dst`: 16-byte aligned, 3 x (AZ + Z) floats: the three A rows, then the
+// three V rows. A rows go by 16-byte vectors when they allow it (AZ a
+// multiple of 4 and every row aligned: 1/4 of the instructions).
 __device__ __forceinline__ void StageRows(StagedRows* r, int Z, int AZ, float* __restrict__ dst) {
-  float* dv = dst;
-  float* da = dst + 3 * Z;
+  float* da = dst;
+  float* dv = dst + 3 * AZ;
   for (int i = threadIdx.x; i < Z; i += blockDim.x) {
     const float x0 = r->v_s[i], x1 = r->v_n[i], x2 = r->v_t[i];
     dv[i] = x0;
     dv[Z + i] = x1;
     dv[2 * Z + i] = x2;
   }
+  if (AZ % 4 == 0 && Aligned16(r->a_s) && Aligned16(r->a_n) && Aligned16(r->a_t)) {  // uniform per block
+    const int n4 = AZ / 4;
+    const auto* s0 = reinterpret_cast<const float4*>(r->a_s);
+    const auto* s1 = reinterpret_cast<const float4*>(r->a_n);
+    const auto* s2 = reinterpret_cast<const float4*>(r->a_t);
+    auto* d = reinterpret_cast<float4*>(da);
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+      const float4 x0 = s0[i], x1 = s1[i], x2 = s2[i];
+      d[i] = x0;
+      d[n4 + i] = x1;
+      d[2 * n4 + i] = x2;
+    }
+  } else {
 #pragma unroll 2
-  for (int i = threadIdx.x; i < AZ; i += blockDim.x) {
-    const float x0 = r->a_s[i], x1 = r->a_n[i], x2 = r->a_t[i];
-    da[i] = x0;
-    da[AZ + i] = x1;
-    da[2 * AZ + i] = x2;
+    for (int i = threadIdx.x; i < AZ; i += blockDim.x) {
+      const float x0 = r->a_s[i], x1 = r->a_n[i], x2 = r->a_t[i];
+      da[i] = x0;
+      da[AZ + i] = x1;
+      da[2 * AZ + i] = x2;
+    }
   }
   r->v_s = dv;
   r->v_n = dv + Z;
@@ -120,8 +214,10 @@ __device__ __forceinline__ void StageRows(StagedRows* r, int Z, int AZ, float* _
 // unrolled over that many register slots per lane, no more. kOptions: label
 // smoothing or the MSE blend is configured; without them the options' code
 // is compiled out, so the plain CE costs no registers or branches for them.
-template <int kAtomsPerLane, bool kOptions>
-__global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a, bool staged) {
+// kStaged: the rows are copied into shared memory first, and every later read
+// of them is a shared-memory load (not a generic one).
+template <int kAtomsPerLane, bool kOptions, bool kStaged>
+__global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) {
   extern __shared__ float smem[];
   const HeadShape& h = a.head;
   const int Z = h.num_atoms;
@@ -142,13 +238,18 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a, 
   float* st_qsum = st_qmax + NB;
   float* st_bad = st_qsum + NB;
   float* st_mse = st_bad + NB;
+  float* sh_shift = st_mse + NB;        // 2 x NB x Z: dueling shifts on s, then s'
+  float* sh_q = sh_shift + 2 * NB * Z;  // 2 x total_actions: Q online on s, then s'
 
   __shared__ float sh_wmax[kLossWarps];
   const float w_max = MaxIsWeight(a.weights, B, sh_wmax);
   StagedRows rows{a.online_v + int64_t{b} * Z,     a.online_a + int64_t{b} * AZ,
                   a.online_v + int64_t{B + b} * Z, a.online_a + int64_t{B + b} * AZ,
                   a.target_v + int64_t{b} * Z,     a.target_a + int64_t{b} * AZ};
-  if (staged) StageRows(&rows, Z, AZ, st_mse + NB);  // uniform per block
+  if constexpr (kStaged) {  // the staged rows start 16-byte aligned
+    float* dst = sh_q + 2 * h.total_actions;
+    StageRows(&rows, Z, AZ, dst + ((4 - (reinterpret_cast<uintptr_t>(dst) / sizeof(float)) % 4) % 4));
+  }
   const float* v_s = rows.v_s;
   const float* a_s = rows.a_s;
   const float* v_n = rows.v_n;
@@ -168,6 +269,15 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a, 
   const bool blend = kOptions && alpha > 0.0f;
   const float coef_ce = blend ? (1.0f - alpha) * coef : coef;
   const float inv_width_sq = 1.0f / ((h.v_max - h.v_min) * (h.v_max - h.v_min));
+  // A product, not a division per atom: the positions stay monotone in tz.
+  const float inv_delta_z = 1.0f / h.delta_z;
+
+  // Q online of every action on s and s' first, by the whole block (the
+  // argmax on s' and the Q statistics on s need only these numbers).
+  BranchShifts(h, v_s, a_s, v_n, a_n, sh_shift);
+  __syncthreads();
+  ActionQValues(h, a_s, a_n, sh_shift, ThreadsPerRow(2 * h.total_actions), sh_q);
+  __syncthreads();
 
   float shift[kAtomsPerLane];
   float l[kAtomsPerLane];
@@ -176,12 +286,10 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a, 
     const int n = h.branch_offset[br + 1] - first;
 
     // 5. Double DQN: a* = argmax_a Q_online(s') (ties: lowest a).
-    DuelingShift<kAtomsPerLane>(v_n, a_n, first, n, Z, lane, shift);
     float best = -INFINITY;
     int a_star = 0;
     for (int act = 0; act < n; ++act) {
-      const float mx = DuelingLogits<kAtomsPerLane>(a_n + (first + act) * Z, shift, Z, lane, l);
-      const float q = SoftmaxQ<kAtomsPerLane>(h, mx, lane, l);
+      const float q = sh_q[h.total_actions + first + act];
       if (q > best) {
         best = q;
         a_star = act;
@@ -204,7 +312,7 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a, 
         if (tz < h.v_min || tz > h.v_max) clip += l[k];
         // Comparisons, not fminf/fmaxf, so that a NaN target stays NaN.
         const float tzc = tz < h.v_min ? h.v_min : (tz > h.v_max ? h.v_max : tz);
-        float bj = (tzc - h.v_min) / h.delta_z;
+        float bj = (tzc - h.v_min) * inv_delta_z;
         bj = bj < 0.0f ? 0.0f : (bj > static_cast<float>(Z - 1) ? static_cast<float>(Z - 1) : bj);
         nonfinite = nonfinite || !isfinite(bj);
         sh_pt[j] = l[k];
@@ -263,15 +371,18 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a, 
     __syncwarp();
 
     // Q statistics of the online s row, every action of the branch.
-    DuelingShift<kAtomsPerLane>(v_s, a_s, first, n, Z, lane, shift);
     float qmin = INFINITY, qmax = -INFINITY, qsum = 0.0f, bad = 0.0f;
     for (int act = 0; act < n; ++act) {
-      const float mx = DuelingLogits<kAtomsPerLane>(a_s + (first + act) * Z, shift, Z, lane, l);
-      const float q = SoftmaxQ<kAtomsPerLane>(h, mx, lane, l);
+      const float q = sh_q[first + act];
       if (!isfinite(q)) bad = 1.0f;
       qmin = fminf(qmin, q);
       qmax = fmaxf(qmax, q);
       qsum += q;
+    }
+#pragma unroll
+    for (int k = 0; k < kAtomsPerLane; ++k) {
+      const int z = lane + 32 * k;
+      shift[k] = z < Z ? sh_shift[br * Z + z] : 0.0f;
     }
     // 7. CE against log_softmax(l(s, a_br)) and its gradient.
     int taken = a.actions[b * NB + br];
@@ -402,8 +513,9 @@ __global__ void __launch_bounds__(kLossWarps * 32)
 }  // namespace
 
 size_t C51LossSharedBytes(const HeadShape& h) {
-  return sizeof(float) * (static_cast<size_t>(h.num_branches) * h.num_atoms + kLossWarps * 2 * h.num_atoms +
-                          kLossStats * static_cast<size_t>(h.num_branches));
+  return sizeof(float) *
+         (3 * static_cast<size_t>(h.num_branches) * h.num_atoms + kLossWarps * 2 * h.num_atoms +
+          kLossStats * static_cast<size_t>(h.num_branches) + 2 * static_cast<size_t>(h.total_actions));
 }
 
 // Register slots per lane for `atoms` atoms (1, 2, 4 or 8).
@@ -419,20 +531,27 @@ namespace {
 // 48 KB (no opt-in attribute needed): up to ~3,900 logits per row on s.
 constexpr size_t kStagedSharedLimit = 48 * 1024;
 
-template <bool kOptions>
+template <bool kOptions, bool kStaged>
 cudaError_t LaunchLossKernel(const C51LossArgs& a, size_t smem, cudaStream_t stream) {
-  const size_t staged_bytes =
-      sizeof(float) * 3 * (static_cast<size_t>(a.head.num_atoms) * (1 + a.head.total_actions));
-  const bool staged = a.stage_rows && smem + staged_bytes <= kStagedSharedLimit;
-  if (staged) smem += staged_bytes;
   switch (AtomsPerLane(a.head.num_atoms)) {
-    case 1: C51LossKernel<1, kOptions><<<a.batch, kLossWarps * 32, smem, stream>>>(a, staged); break;
-    case 2: C51LossKernel<2, kOptions><<<a.batch, kLossWarps * 32, smem, stream>>>(a, staged); break;
-    case 4: C51LossKernel<4, kOptions><<<a.batch, kLossWarps * 32, smem, stream>>>(a, staged); break;
-    case 8: C51LossKernel<8, kOptions><<<a.batch, kLossWarps * 32, smem, stream>>>(a, staged); break;
+    case 1: C51LossKernel<1, kOptions, kStaged><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
+    case 2: C51LossKernel<2, kOptions, kStaged><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
+    case 4: C51LossKernel<4, kOptions, kStaged><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
+    case 8: C51LossKernel<8, kOptions, kStaged><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+template <bool kOptions>
+cudaError_t LaunchLossKernel(const C51LossArgs& a, size_t smem, cudaStream_t stream) {
+  // + 12 bytes to align the staged rows to 16.
+  const size_t staged_bytes =
+      sizeof(float) * (3 * (static_cast<size_t>(a.head.num_atoms) * (1 + a.head.total_actions)) + 3);
+  if (a.stage_rows && smem + staged_bytes <= kStagedSharedLimit) {
+    return LaunchLossKernel<kOptions, true>(a, smem + staged_bytes, stream);
+  }
+  return LaunchLossKernel<kOptions, false>(a, smem, stream);
 }
 
 }  // namespace

@@ -75,8 +75,13 @@ size_t C51LossSharedBytes(const HeadShape& head);
 
 // Grid: one block per sample b, 4 warps; the block first stages the
 // sample's rows of V and A (s, s', target s') in shared memory when they fit
-// (args.stage_rows); warp w takes branches w, w+4, ...
-// and lane l atoms l, l+32, ... (registers). Per branch the warp writes
+// (args.stage_rows), then computes the dueling shift of every branch on s
+// and s' and the online Q of every action on s and s' into shared memory
+// (2 x total_actions rows, a power-of-two group of threads per row, each
+// summing its atoms in order, then a fixed butterfly). Then warp w takes
+// branches w, w+4, ...: a* and the Q statistics from those Q values, the
+// target softmax, projection and CE with lane l on atoms l, l+32, ...
+// (registers). Per branch the warp writes
 // da[b][branch actions][*] and its d logit to shared memory; after a barrier
 // the block sums the branches in order into dv[b][*] and thread 0 alone
 // writes ce/clip/q stats of sample b. Projection as a gather: target atom i

@@ -63,6 +63,15 @@ class FusedNetwork {
   int d_value_ld() const { return zp_; }
   int d_adv_ld() const { return azp_; }
   int num_grad_tiles() const { return grad_.num_tiles; }
+  // The forward's stored activations of the online s rows (operand type), which
+  // the backward's ReLU masks and weight gradients read: trunk layer k
+  // (B x trunk_ld(k)), and the head hidden layers side by side (B x
+  // head_ld(), value from column 0, advantage from head_adv_col()).
+  const void* trunk_activations(int k) const { return t_op_[k].get(); }
+  int trunk_ld(int k) const { return kernels::FusedPadded(spec_.trunk[k].out); }
+  const void* head_activations() const { return h_op_.get(); }
+  int head_ld() const { return 2 * hp_; }
+  int head_adv_col() const { return hp_; }
 
  private:
   absl::Status Operand(size_t elements, DeviceBuffer<char>* buf) const;
