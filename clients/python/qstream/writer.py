@@ -12,8 +12,9 @@ Each append() is one env step (a vectorized env: one call per vector step,
 leading dimension num_envs; a single env may pass unbatched arrays). Rows
 are copied into preallocated numpy columns of `max_batch` transitions (rows
 that make whole batches while the buffer is empty and a slot is free are
-encoded straight from the caller's arrays instead) and sent as one KIND_STEP TransitionBatch in the step-stream form (obs, action,
-reward and flags per row with env_ids, and the final observation only of
+encoded straight from the caller's arrays instead) and sent as one
+KIND_STEP TransitionBatch in the step-stream form (obs, action, reward and
+flags per row with env_ids, and the final observation only of
 the rows that end an episode: a step's next state is its env's next obs,
 which the daemon takes from the next row of that env while it assembles
 the n-step returns per env) when the buffer is full, when its oldest row is
