@@ -497,9 +497,9 @@ class Writer:
         `final` holds the final obs of the rows `ended` marks (None: no row
         ends); next_obs, when not None, is kept for a full-form batch. A
         batch carries the smallest policy version of its rows. Rows that
-        make a whole batch while the buffer is empty and a slot is free go
-        out from the caller's arrays, the same batch without the copy into
-        the buffer."""
+        make a whole batch while the buffer is empty go out from the
+        caller's arrays, the same batch without the copy into the buffer,
+        once a slot is free (with block=False only when one is free now)."""
         k = obs.shape[0]
         b = self._buf
         w = 0
@@ -508,6 +508,9 @@ class Writer:
             m = min(self.max_batch - self._n, k - w)
             src = slice(w, w + m)
             ends = 0 if final is None else int(np.count_nonzero(ended[src]))
+            if m == self.max_batch and self.block and not self._stream.has_room_locked():
+                self._wait_for_slot_locked()  # then send them as they are, unless another thread buffered rows
+                continue
             if m == self.max_batch and self._stream.has_room_locked():
                 c = np.ascontiguousarray  # a view unless the caller's array is strided
                 self._submit_rows_locked(m, version, c(obs[src]), c(actions[src]), c(rewards[src]), c(done[src]),
@@ -573,17 +576,24 @@ class Writer:
         if not ok:
             raise TimeoutError(f"no free slot: {s.in_flight_locked()} batches still unacknowledged")
 
+    def _wait_for_slot_locked(self, deadline: float | None = None) -> None:
+        """Waits for a free slot; raises only the stream's failure (a
+        rejection waits for the caller's next call), or TimeoutError."""
+        s = self._stream
+        if s.has_room_locked():
+            return
+        ok = self._cv.wait_for(lambda: s.has_room_locked() or s.failure_locked() is not None,
+                               None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if s.failure_locked() is not None:
+            raise s.failure_locked()
+        if not ok:
+            raise TimeoutError(f"no free slot: {s.in_flight_locked()} batches still unacknowledged")
+
     def _send_when_room_locked(self, batch, deadline: float | None = None, full: bool = False) -> None:
         """Sends `batch` (None: the buffer; in the full form when `full` and
         every row has next_obs) once a slot is free."""
         s = self._stream
-        if not s.has_room_locked():
-            ok = self._cv.wait_for(lambda: s.has_room_locked() or s.failure_locked() is not None,
-                                   None if deadline is None else max(0.0, deadline - time.monotonic()))
-            if s.failure_locked() is not None:
-                raise s.failure_locked()
-            if not ok:
-                raise TimeoutError(f"no free slot: {s.in_flight_locked()} batches still unacknowledged")
+        self._wait_for_slot_locked(deadline)
         if batch is None:
             if self._n or self._episodes:  # the sender thread may have sent it while we waited
                 self._send_buffer_locked(full)

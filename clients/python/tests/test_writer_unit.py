@@ -358,6 +358,41 @@ def test_blocking_append_waits_for_a_free_slot(fake):
     assert w.close() == 2
 
 
+def test_a_whole_batch_waits_for_a_slot_then_goes_out_from_the_callers_arrays(fake):
+    """block=True, the window full: an append of a whole batch into the
+    empty buffer waits for a slot and then sends its rows as they are
+    (the buffer stays untouched); with block=False it is buffered and
+    goes out, by the sender thread, once a slot frees."""
+    for block in (True, False):
+        fake.hold()
+        w = writer(fake, max_batch=2, max_in_flight=1, block=block)
+        terminal_steps(w, [1, 2])  # in flight: the window is full
+        done = threading.Event()
+
+        def second():
+            terminal_steps(w, [3, 4])
+            done.set()
+
+        t = threading.Thread(target=second)
+        t.start()
+        if block:
+            assert not done.wait(0.3)  # blocked on the window
+            assert w.buffered == 0
+        else:
+            assert done.wait(10)
+            assert w.buffered == 2
+        fake.release()
+        assert done.wait(10)
+        t.join()
+        assert w.close() == 4
+        assert np.count_nonzero(w._buf.obs) == (0 if block else 2 * OBS_DIM)
+        got = [list(col(b, "obs")[:, 0]) for b in fake.batches]
+        assert got == [[1, 2], [3, 4]]
+        if block:  # sent by size: the step-stream form (the sender thread and close() race otherwise)
+            np.testing.assert_array_equal(col(fake.batches[1], "final_obs")[:, 0], [3.5, 4.5])
+        fake.batches.clear()
+
+
 def test_throttled_acks_halve_the_window_once_per_window_and_plain_acks_grow_it_back(fake):
     fake.throttle = {1, 2, 3, 4, 5}
     w = writer(fake, max_batch=1, max_in_flight=8)
