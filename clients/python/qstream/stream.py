@@ -475,21 +475,17 @@ class AioExperienceStream(ExperienceStream):
     async def _write(self, call) -> None:
         """Writes the call's batches in order as they are submitted, and
         half-closes it once the stream is closing and none is left."""
-        pending = self._pending
         try:
             while True:
-                try:
-                    payload = pending.popleft()  # a deque's ends are thread-safe: no lock while batches wait
-                except IndexError:
-                    with self.cv:
-                        if pending:
-                            payload = pending.popleft()
-                        elif self._closing:
-                            payload = None
-                        else:
-                            self._writer_idle = True
-                            self._wake.clear()
-                            payload = _IDLE
+                with self.cv:
+                    if self._pending:
+                        payload = self._pending.popleft()
+                    elif self._closing:
+                        payload = None
+                    else:
+                        self._writer_idle = True
+                        self._wake.clear()
+                        payload = _IDLE
                 if payload is _IDLE:
                     await self._wake.wait()
                 elif payload is None:
