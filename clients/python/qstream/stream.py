@@ -21,9 +21,7 @@ stream on grpc.aio (the Writer's for an address).
 
 Every method named *_locked expects the caller to hold `cv`, the condition
 shared with the owner: acks notify it, so the owner can wait on its own
-predicates (a free slot, no batch in flight) with cv.wait_for. An ack that
-frees a slot notifies only once a quarter of the window (at least one
-slot) is free, or no batch is in flight, or it is a rejection.
+predicates (a free slot, no batch in flight) with cv.wait_for.
 """
 
 from __future__ import annotations
@@ -295,12 +293,7 @@ class ExperienceStream:
                     s.accepted_transitions += ack.accepted
                 if self.on_acked_locked is not None:
                     self.on_acked_locked()
-            # Waiters on cv want a free slot, no batch in flight or a
-            # rejection. A slot frees at every ack: an owner blocked on a
-            # full window is woken once a quarter of it is free, so that it
-            # submits a few batches per wake-up instead of one.
-            if self._rejected or not self._unacked or self.free_slots_locked() >= max(1, self._window // 4):
-                self.cv.notify_all()
+            self.cv.notify_all()
             snapshot = StreamStats(**vars(s)) if self._on_ack is not None else None
         if self._on_ack is not None:
             self._on_ack(ack, snapshot)

@@ -12,8 +12,6 @@ from fake_daemon import FakeDaemon
 
 from qstream import Backpressure, BatchRejected, StreamError, Writer, nstep_batch
 from qstream.batch import Tensor, to_numpy
-from qstream.proto import experience_pb2
-from qstream.stream import AioExperienceStream, _Sent
 
 OBS_DIM = 3
 
@@ -558,48 +556,3 @@ def test_abort_while_reconnecting_returns_at_once_and_ends_the_stream_thread():
     w.abort()
     assert time.monotonic() - start < 0.5
     assert not w._stream._reader.is_alive()
-
-
-class _CountingCondition(threading.Condition):
-    def __init__(self):
-        super().__init__(threading.RLock())
-        self.notified = 0
-
-    def notify_all(self):
-        self.notified += 1
-        super().notify_all()
-
-
-def test_acks_wake_the_owner_once_a_quarter_of_the_window_is_free_or_none_is_in_flight():
-    """Every ack frees a slot; the owner's condition is notified once two of
-    the eight slots are free, at the last ack, and at once for a rejection."""
-    cv = _CountingCondition()
-    # Nothing listens on port 1: the stream only retries in the background.
-    s = AioExperienceStream(lambda: grpc.aio.insecure_channel("127.0.0.1:1"), stream_id="quarter", max_in_flight=8,
-                            max_backoff_s=30, reconnect_timeout_s=3600, cv=cv)
-    try:
-        with cv:
-            for seq in range(1, 9):
-                s._unacked[seq] = _Sent(b"", 1)
-        notified = []
-        for seq in (1, 2, 3):
-            cv.notified = 0
-            s._handle_ack(experience_pb2.Ack(sequence=seq, accepted=1))
-            notified.append(cv.notified)
-        assert notified == [0, 1, 1]
-        with cv:
-            for seq in (1, 2, 3):
-                s._unacked[seq] = _Sent(b"", 1)  # the window full again
-        cv.notified = 0
-        s._handle_ack(experience_pb2.Ack(sequence=4, error=experience_pb2.Error(field="obs", message="bad")))
-        assert cv.notified == 1  # a rejection: at once
-        with cv:
-            s._rejected.clear()
-            for seq in (5, 6, 7, 1, 2, 3):
-                del s._unacked[seq]
-        cv.notified = 0
-        s._handle_ack(experience_pb2.Ack(sequence=8, accepted=1))
-        assert cv.notified == 1  # none in flight
-        assert s.stats_locked().accepted_transitions == 4
-    finally:
-        s.abort()
