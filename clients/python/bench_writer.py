@@ -110,7 +110,9 @@ def main() -> None:
     print(f"{'max_batch':>9} {'envs':>4} {'next_obs':>9} {'appends':>10} {'transitions':>12} {'batches':>9} "
           f"{'bytes/batch':>11}")
     for max_batch in (1, 64, 1024):
-        for num_envs, stream in ((1, False), (1, True), (16, False)):
+        # The last case: every append is one whole batch (max_batch envs per vector step).
+        cases = ((1, False), (1, True), (16, False)) + (((max_batch, False),) if max_batch > 16 else ())
+        for num_envs, stream in cases:
             r = max((bench(max_batch, num_envs, stream, a.seconds) for _ in range(a.repeats)),
                     key=lambda r: r["appends_per_s"])
             print(f"{max_batch:>9} {num_envs:>4} {'stream' if stream else 'given':>9} {r['appends_per_s']:>10.0f} "

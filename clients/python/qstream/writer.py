@@ -10,9 +10,11 @@
 
 Each append() is one env step (a vectorized env: one call per vector step,
 leading dimension num_envs; a single env may pass unbatched arrays). Rows
-are copied into preallocated numpy columns of `max_batch` transitions and
-sent as one KIND_STEP TransitionBatch in the step-stream form (obs, action,
-reward and flags per row with env_ids, and the final observation only of
+are copied into preallocated numpy columns of `max_batch` transitions (rows
+that make whole batches while the buffer is empty and a slot is free are
+encoded straight from the caller's arrays instead) and sent as one
+KIND_STEP TransitionBatch in the step-stream form (obs, action, reward and
+flags per row with env_ids, and the final observation only of
 the rows that end an episode: a step's next state is its env's next obs,
 which the daemon takes from the next row of that env while it assembles
 the n-step returns per env) when the buffer is full, when its oldest row is
@@ -494,17 +496,34 @@ class Writer:
         more rows follow (waiting for a slot: block=False callers checked);
         `final` holds the final obs of the rows `ended` marks (None: no row
         ends); next_obs, when not None, is kept for a full-form batch. A
-        batch carries the smallest policy version of its rows."""
+        batch carries the smallest policy version of its rows. Rows that
+        make a whole batch while the buffer is empty go out from the
+        caller's arrays, the same batch without the copy into the buffer,
+        once a slot is free (with block=False only when one is free now)."""
         k = obs.shape[0]
         b = self._buf
         w = 0
         e = 0  # rows of `final` copied
         while w < k:
+            m = min(self.max_batch - self._n, k - w)
+            src = slice(w, w + m)
+            ends = 0 if final is None else int(np.count_nonzero(ended[src]))
+            if m == self.max_batch and self.block and not self._stream.has_room_locked():
+                self._wait_for_slot_locked()  # then send them as they are, unless another thread buffered rows
+                continue
+            if m == self.max_batch and self._stream.has_room_locked():
+                c = np.ascontiguousarray  # a view unless the caller's array is strided
+                self._submit_rows_locked(m, version, c(obs[src]), c(actions[src]), c(rewards[src]), c(done[src]),
+                                         c(truncated[src]), c(env_ids[src]),
+                                         c(final[e:e + ends]) if ends else None,
+                                         None if next_obs is None else c(next_obs[src]))
+                w += m
+                e += ends
+                continue
             if self._n == self.max_batch:
                 self._send_when_room_locked(None)
                 continue  # the sender thread may have sent it meanwhile
-            m = min(self.max_batch - self._n, k - w)
-            dst, src = slice(self._n, self._n + m), slice(w, w + m)
+            dst = slice(self._n, self._n + m)
             b.obs[dst] = obs[src]
             if next_obs is None:
                 self._all_next = False
@@ -515,8 +534,7 @@ class Writer:
             b.done[dst] = done[src]
             b.truncated[dst] = truncated[src]
             b.env_ids[dst] = env_ids[src]
-            if final is not None:
-                ends = int(np.count_nonzero(ended[src]))
+            if ends:
                 b.final_obs[self._ends:self._ends + ends] = final[e:e + ends]
                 self._ends += ends
                 e += ends
@@ -558,17 +576,24 @@ class Writer:
         if not ok:
             raise TimeoutError(f"no free slot: {s.in_flight_locked()} batches still unacknowledged")
 
+    def _wait_for_slot_locked(self, deadline: float | None = None) -> None:
+        """Waits for a free slot; raises only the stream's failure (a
+        rejection waits for the caller's next call), or TimeoutError."""
+        s = self._stream
+        if s.has_room_locked():
+            return
+        ok = self._cv.wait_for(lambda: s.has_room_locked() or s.failure_locked() is not None,
+                               None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if s.failure_locked() is not None:
+            raise s.failure_locked()
+        if not ok:
+            raise TimeoutError(f"no free slot: {s.in_flight_locked()} batches still unacknowledged")
+
     def _send_when_room_locked(self, batch, deadline: float | None = None, full: bool = False) -> None:
         """Sends `batch` (None: the buffer; in the full form when `full` and
         every row has next_obs) once a slot is free."""
         s = self._stream
-        if not s.has_room_locked():
-            ok = self._cv.wait_for(lambda: s.has_room_locked() or s.failure_locked() is not None,
-                                   None if deadline is None else max(0.0, deadline - time.monotonic()))
-            if s.failure_locked() is not None:
-                raise s.failure_locked()
-            if not ok:
-                raise TimeoutError(f"no free slot: {s.in_flight_locked()} batches still unacknowledged")
+        self._wait_for_slot_locked(deadline)
         if batch is None:
             if self._n or self._episodes:  # the sender thread may have sent it while we waited
                 self._send_buffer_locked(full)
@@ -582,8 +607,27 @@ class Writer:
         form when asked (flush, close) or without step_stream, and every row
         has next_obs; else the step-stream form."""
         n, b = self._n, self._buf
+        full_form = (full or not self.step_stream) and self._all_next
+        if n:
+            self._submit_rows_locked(n, self._min_version, b.obs[:n], b.actions[:n], b.rewards[:n], b.done[:n],
+                                     b.truncated[:n], b.env_ids[:n], b.final_obs[:self._ends],
+                                     b.next_obs[:n] if full_form else None, full_form)
+        else:
+            self._submit_rows_locked(0, 0)
+        self._n = 0
+        self._ends = 0
+        self._all_next = True
+
+    def _submit_rows_locked(self, n: int, version: int, obs=None, actions=None, rewards=None, done=None,
+                            truncated=None, env_ids=None, final_obs=None, next_obs=None,
+                            full_form: bool | None = None) -> None:
+        """Submits n rows (C-contiguous arrays of the wire dtypes, encoded and
+        copied out before it returns) as one batch with the waiting episode
+        reports: the full form when `full_form` (None: when not step_stream
+        and next_obs is given), else the step-stream form with final_obs."""
         episodes, self._episodes = self._episodes, []
-        version = self._min_version if n else min((v for _, _, v in episodes), default=0)
+        if not n:
+            version = min((v for _, _, v in episodes), default=0)
         head = experience_pb2.TransitionBatch(kind=experience_pb2.TransitionBatch.KIND_STEP, count=n,
                                               policy_version=version)
         if episodes:
@@ -592,14 +636,12 @@ class Writer:
                 head.episodes.add(episode_return=ret, length=length, policy_version=v)
         columns = ()
         if n:
-            full_form = (full or not self.step_stream) and self._all_next
-            columns = self._columns.encode(b.obs[:n], b.actions[:n], b.rewards[:n], b.done[:n], b.truncated[:n],
-                                           b.env_ids[:n], final_obs=None if full_form else b.final_obs[:self._ends],
-                                           next_obs=b.next_obs[:n] if full_form else None)
-        self._stream.submit_locked(head, columns)  # copies the columns out: the buffer is free again
-        self._n = 0
-        self._ends = 0
-        self._all_next = True
+            if full_form is None:
+                full_form = not self.step_stream and next_obs is not None
+            columns = self._columns.encode(obs, actions, rewards, done, truncated, env_ids,
+                                           final_obs=None if full_form else final_obs,
+                                           next_obs=next_obs if full_form else None)
+        self._stream.submit_locked(head, columns)  # copies the columns out: the arrays are free again
 
     def _flush(self, timeout: float | None, block: bool) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout

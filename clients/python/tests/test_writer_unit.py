@@ -227,6 +227,49 @@ def test_final_obs_rows_follow_their_rows_across_batches(fake):
     np.testing.assert_array_equal(col(last, "next_obs")[:, 0], [106, 107])
 
 
+@pytest.mark.parametrize("step_stream", [True, False])
+def test_whole_batches_sent_from_the_callers_arrays_equal_those_sent_from_the_buffer(fake, step_stream):
+    """An append of whole batches into an empty buffer goes out from the
+    caller's arrays (no copy into the buffer); its batches equal, field for
+    field, those of the same rows appended one at a time through the
+    buffer, strided arrays, episode ends and a waiting report included."""
+    rng = np.random.default_rng(3)
+    n, max_batch, branches = 3 * 5 + 2, 5, 2
+    wide = rng.normal(size=(n, 2 * OBS_DIM)).astype(np.float32)
+    obs, nxt = wide[:, ::2], wide[:, 1::2]  # strided views of the caller's array
+    actions = rng.integers(0, 4, size=(n, branches)).astype(np.int64)
+    rewards = rng.normal(size=n)
+    done, truncated = rng.random(n) < 0.3, rng.random(n) < 0.3
+    env_ids = rng.permutation(n)
+    sent = []
+    for one_by_one in (False, True):
+        w = Writer(fake.target, obs_dim=OBS_DIM, num_branches=branches, max_batch=max_batch, max_delay=None,
+                   step_stream=step_stream, env="Env-v0", stream_id="same")
+        w.report_episode(2.5, 7)
+        rows = [slice(i, i + 1) for i in range(n)] if one_by_one else [slice(0, n)]
+        for r in rows:
+            w.append(obs[r], actions[r], rewards[r], done[r], truncated[r], next_obs=nxt[r], env_ids=env_ids[r],
+                     policy_version=4)
+        w.close()
+        sent.append(list(fake.batches))
+        fake.batches.clear()
+    direct, buffered = sent
+    assert [b.count for b in direct] == [5, 5, 5, 2]
+    assert direct == buffered
+    assert direct[0].episodes[0].length == 7 and direct[0].env == "Env-v0"
+    ends = done | truncated
+    for i, b in enumerate(direct[:3]):
+        r = slice(i * max_batch, (i + 1) * max_batch)
+        np.testing.assert_array_equal(col(b, "obs"), obs[r])
+        if step_stream:
+            want = nxt[r][ends[r]]
+            assert b.HasField("final_obs") == bool(want.size)
+            if want.size:
+                np.testing.assert_array_equal(col(b, "final_obs"), want)
+        else:
+            np.testing.assert_array_equal(col(b, "next_obs"), nxt[r])
+
+
 def test_truncated_without_next_obs_raises_naming_it_and_adds_nothing(fake):
     w = writer(fake, max_batch=100)
     w.append(np.zeros((2, OBS_DIM)), [0, 0], [1, 1], [False, False], [False, False])
@@ -313,6 +356,41 @@ def test_blocking_append_waits_for_a_free_slot(fake):
     assert done.wait(10)
     t.join()
     assert w.close() == 2
+
+
+def test_a_whole_batch_waits_for_a_slot_then_goes_out_from_the_callers_arrays(fake):
+    """block=True, the window full: an append of a whole batch into the
+    empty buffer waits for a slot and then sends its rows as they are
+    (the buffer stays untouched); with block=False it is buffered and
+    goes out, by the sender thread, once a slot frees."""
+    for block in (True, False):
+        fake.hold()
+        w = writer(fake, max_batch=2, max_in_flight=1, block=block)
+        terminal_steps(w, [1, 2])  # in flight: the window is full
+        done = threading.Event()
+
+        def second():
+            terminal_steps(w, [3, 4])
+            done.set()
+
+        t = threading.Thread(target=second)
+        t.start()
+        if block:
+            assert not done.wait(0.3)  # blocked on the window
+            assert w.buffered == 0
+        else:
+            assert done.wait(10)
+            assert w.buffered == 2
+        fake.release()
+        assert done.wait(10)
+        t.join()
+        assert w.close() == 4
+        assert np.count_nonzero(w._buf.obs) == (0 if block else 2 * OBS_DIM)
+        got = [list(col(b, "obs")[:, 0]) for b in fake.batches]
+        assert got == [[1, 2], [3, 4]]
+        if block:  # sent by size: the step-stream form (the sender thread and close() race otherwise)
+            np.testing.assert_array_equal(col(fake.batches[1], "final_obs")[:, 0], [3.5, 4.5])
+        fake.batches.clear()
 
 
 def test_throttled_acks_halve_the_window_once_per_window_and_plain_acks_grow_it_back(fake):
