@@ -359,6 +359,22 @@ class ExperienceStream:
             self.cv.notify_all()
 
 
+# grpc.aio reports a write that Core refused, because the daemon had already
+# ended the call, as INTERNAL "Internal error from Core", over the status the
+# daemon sent (grpc/grpc#36066, open for grpcio <= 1.81): a refused token,
+# sent before the first batch could go out, read as a transient error until
+# reconnect_timeout_s. After such an error the next call writes nothing for
+# up to this long, so a call the daemon ends at once (a refused token) shows
+# its own status.
+_LOST_STATUS_PROBE_S = 0.5
+
+
+def _status_lost(error: grpc.RpcError | None) -> bool:
+    """Whether `error` is grpc.aio's stand-in for a status a failed write hid."""
+    return (error is not None and error.code() == grpc.StatusCode.INTERNAL
+            and "Internal error from Core" in (error.details() or ""))
+
+
 class AioExperienceStream(ExperienceStream):
     """The same stream on grpc.aio: one event-loop thread writes the batches
     (await call.write) and reads the acks. The synchronous stream hands every
@@ -423,6 +439,7 @@ class AioExperienceStream(ExperienceStream):
     async def _run_calls(self) -> None:
         backoff = _FIRST_BACKOFF_S
         failing_since = None
+        error = None
         while True:
             with self.cv:
                 if self._aborted:
@@ -430,7 +447,9 @@ class AioExperienceStream(ExperienceStream):
                 self._pending = collections.deque(sent.payload for sent in self._unacked.values())
                 self._writer_idle = False
                 call = self._call = self._call_stream(metadata=self._metadata)
-            writer = asyncio.ensure_future(self._write(call))
+            writer = None
+            if not (_status_lost(error) and await self._ends_unwritten(call)):
+                writer = asyncio.ensure_future(self._write(call))
             error = None
             try:
                 while True:
@@ -451,7 +470,8 @@ class AioExperienceStream(ExperienceStream):
                     if self._aborted:
                         return
             finally:
-                writer.cancel()
+                if writer is not None:
+                    writer.cancel()
             now = time.monotonic()
             failing_since = failing_since or now
             if self._gave_up(error, now - failing_since):
@@ -464,6 +484,17 @@ class AioExperienceStream(ExperienceStream):
             backoff = min(backoff * 2, self._max_backoff_s)
             with self.cv:
                 self._stats.reconnects += 1
+
+    @staticmethod
+    async def _ends_unwritten(call) -> bool:
+        """Whether `call` ends within _LOST_STATUS_PROBE_S with nothing
+        written on it (its status is then the daemon's, which the read
+        raises); else the writer starts."""
+        try:
+            await asyncio.wait_for(asyncio.shield(call.code()), _LOST_STATUS_PROBE_S)
+            return True
+        except asyncio.TimeoutError:
+            return False
 
     async def _write(self, call) -> None:
         """Writes the call's batches in order as they are submitted, and
