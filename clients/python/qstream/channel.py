@@ -322,20 +322,24 @@ def aio_channel_factory(
     return open_aio, metadata
 
 
+# open_channel's security parameters (all default None).
+_SECURITY_PARAMS = ("tls_ca", "tls_cert", "tls_key", "tls_server_name", "token", "token_file")
+
+
 def _channel_parts(
     server: str,
     *,
-    tls_ca: PathLike | None = None,
-    tls_cert: PathLike | None = None,
-    tls_key: PathLike | None = None,
-    tls_server_name: str | None = None,
-    token: str | None = None,
-    token_file: PathLike | None = None,
     max_receive_message_length: int = DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH,
     options: Iterable[tuple[str, Any]] = (),
+    **security: Any,
 ) -> tuple[grpc.ChannelCredentials | None, list[tuple[str, Any]], str | None]:
-    """open_channel's checks: (TLS credentials or None for plaintext, the
-    channel options, the bearer token or None)."""
+    """open_channel's checks over its parameters (`security`: those of
+    _SECURITY_PARAMS): (TLS credentials or None for plaintext, the channel
+    options, the bearer token or None)."""
+    unknown = set(security) - set(_SECURITY_PARAMS)
+    if unknown:
+        raise TypeError(f"unexpected channel parameter(s): {', '.join(sorted(unknown))}")
+    tls_ca, tls_cert, tls_key, tls_server_name, token, token_file = (security.get(k) for k in _SECURITY_PARAMS)
     if not isinstance(server, str) or ("," in server and not server.lower().startswith(_TARGET_SCHEMES)):
         raise ValueError(f"server: {server!r} names several daemons; a channel goes to one (Writer, "
                          f"ActorClient and run_actor take several)")
