@@ -361,7 +361,7 @@ class ExperienceStream:
 
 # grpc.aio reports a write that Core refused, because the daemon had already
 # ended the call, as INTERNAL "Internal error from Core", over the status the
-# daemon sent (grpc/grpc#36066, open for grpcio <= 1.81): a refused token,
+# daemon sent (grpc/grpc#36066; the fix, PR #43486, is not in grpcio 1.85): a refused token,
 # sent before the first batch could go out, read as a transient error until
 # reconnect_timeout_s. After such an error the next call writes nothing for
 # up to this long, so a call the daemon ends at once (a refused token) shows
