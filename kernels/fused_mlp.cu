@@ -146,9 +146,16 @@ template <int P>
 constexpr int ChainSlabK() {
   return kTf32Wide && P == int(Precision::kTf32) ? kFusedSlabK / 2 : kFusedSlabK;
 }
+// B slabs: [kSlabK][chunk + skew] from [kp][np] operands, or (NK) [chunk][kSlabK + 16 bytes].
+template <int P>
+constexpr bool kNK = FusedOperandsNK(static_cast<Precision>(P));
 template <int P>
 constexpr int BLd() {
-  return ChunkN<P>() + kSkew;
+  return kNK<P> ? ChainSlabK<P>() + 16 / static_cast<int>(sizeof(Elem<P>)) : ChunkN<P>() + kSkew;
+}
+template <int P>
+constexpr int BStageElems() {
+  return (kNK<P> ? ChunkN<P>() : ChainSlabK<P>()) * BLd<P>();
 }
 // A slabs staged from global memory: rows skewed by 16 bytes, so the eight
 // rows an ldmatrix phase reads fall in distinct bank groups.
@@ -180,11 +187,10 @@ struct ChainShared {
     b_base = p;
   }
   __device__ T* a_stage(int slot) const { return a_base + slot * (kRows * ALd<P>()); }
-  __device__ T* b_stage(int slot) const { return b_base + slot * (ChainSlabK<P>() * BLd<P>()); }
+  __device__ T* b_stage(int slot) const { return b_base + slot * BStageElems<P>(); }
   __device__ T* buffer(int i) const { return i == 0 ? buf[0] : buf[1]; }
   static size_t Bytes(int buf_ld) {
-    return sizeof(T) *
-           (2 * kRows * buf_ld + kStages * kRows * ALd<P>() + kStages * ChainSlabK<P>() * BLd<P>());
+    return sizeof(T) * (2 * kRows * buf_ld + kStages * kRows * ALd<P>() + kStages * BStageElems<P>());
   }
 };
 
@@ -350,8 +356,13 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
       const int n0 = (st / slabs) * kChunk;
       const int nc = min(kChunk, op.np - n0);
       const int slot = g % kStages;
-      StageTile<T, kSlabK, kChunk, kBLd, kChainThreads>(
-          sh.b_stage(slot), static_cast<const T*>(op.b) + int64_t{k0} * op.np + n0, op.np, op.kp - k0, nc);
+      if constexpr (kNK<P>) {
+        StageTile<T, kChunk, kSlabK, kBLd, kChainThreads>(
+            sh.b_stage(slot), static_cast<const T*>(op.b) + int64_t{n0} * op.kp + k0, op.kp, nc, op.kp - k0);
+      } else {
+        StageTile<T, kSlabK, kChunk, kBLd, kChainThreads>(
+            sh.b_stage(slot), static_cast<const T*>(op.b) + int64_t{k0} * op.np + n0, op.np, op.kp - k0, nc);
+      }
       if (op.a_buf < 0) {
         StageTile<T, kRows, kSlabK, kALd, kChainThreads>(
             sh.a_stage(slot), static_cast<const T*>(op.a_global) + int64_t{row0} * op.a_ld + k0, op.a_ld,
@@ -427,8 +438,10 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
         // bf16 B (read transposed from [k][n]): k rows lane % 16, n half
         // lane / 16. TF32 B: k row lane % 4 (+ 4), column lane / 4 (+ 8).
         const T* a_lane = a_tile + (lane % 16) * a_ld + (lane / 16) * (16 / static_cast<int>(sizeof(T)));
-        const T* b_lane = P == int(Precision::kBf16) ? b_tile + (lane % 16) * kBLd + (lane / 16) * 8
-                                                     : b_tile + (lane % 4) * kBLd + lane / 4;
+        // NK (TF32 from [n][k]): matrix lane / 8 = (n half, k half), row n lane % 8.
+        const T* b_lane = kNK<P> ? b_tile + ((lane / 16) * 8 + lane % 8) * kBLd + (lane / 8) % 2 * 4
+                          : P == int(Precision::kBf16) ? b_tile + (lane % 16) * kBLd + (lane / 16) * 8
+                                                       : b_tile + (lane % 4) * kBLd + lane / 4;
 #pragma unroll 2
         for (int kk = 0; kk < kvalid; kk += kK) {
           unsigned af[kRowTiles][4];
@@ -439,10 +452,12 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
             const int ct = warp + kChainWarps * j;
             if (ct * 16 < nc) {
               unsigned bf[4];  // k 0-7 | k 8-15 (TF32: 0-3 | 4-7) of columns 0-7, then of columns 8-15
-              const T* bp = b_lane + kk * kBLd + ct * 16;
-              if constexpr (P == int(Precision::kBf16)) {
-                LoadMatrices<true>(bf, bp);
+              if constexpr (kNK<P>) {
+                LoadMatrices<false>(bf, b_lane + ct * 16 * kBLd + kk);
+              } else if constexpr (P == int(Precision::kBf16)) {
+                LoadMatrices<true>(bf, b_lane + kk * kBLd + ct * 16);
               } else {
+                const T* bp = b_lane + kk * kBLd + ct * 16;
                 bf[0] = __float_as_uint(bp[0]);
                 bf[1] = __float_as_uint(bp[4 * kBLd]);
                 bf[2] = __float_as_uint(bp[8]);
