@@ -26,26 +26,6 @@ constexpr int kLossWarps = 4;
 // mass, Q min/max/sum, bad-Q flag, MSE.
 constexpr int kLossStats = 7;
 
-// Warps per sample: one per branch up to kLossWarps. Narrower heads pack
-// kLossWarps / that many samples into one block (a 1-branch head: four), so
-// no warp of the block idles through the per-branch work.
-__host__ __device__ constexpr int LossWarpsPerSample(int branches) {
-  return branches >= 3 ? kLossWarps : (branches == 2 ? 2 : 1);
-}
-__host__ __device__ constexpr int LossSamplesPerBlock(int branches) {
-  return kLossWarps / LossWarpsPerSample(branches);
-}
-// Shared floats of one sample's group: d logits (NB x Z), target
-// probabilities and projected positions per warp (2 Z each), the per-branch
-// statistics, the dueling shifts on s and s' (2 NB x Z), Q online on s and s'
-// (2 x total actions); staged, also the six logit rows (+3: 16-byte alignment).
-__host__ __device__ constexpr int64_t LossSampleFloats(int branches, int atoms, int total_actions,
-                                                       bool staged) {
-  return 3 * int64_t{branches} * atoms + int64_t{LossWarpsPerSample(branches)} * 2 * atoms +
-         int64_t{kLossStats} * branches + 2 * int64_t{total_actions} +
-         (staged ? 3 * int64_t{atoms} * (1 + total_actions) + 3 : 0);
-}
-
 __device__ __forceinline__ float Atom(const HeadShape& h, int z) { return h.v_min + z * h.delta_z; }
 
 // shift[z] = V[z] - mean_a A[a][z] over the n actions starting at `first`.
@@ -103,13 +83,12 @@ __device__ __forceinline__ float SoftmaxQ(const HeadShape& h, float mx, int lane
 
 // The dueling shift rows of every branch on s and on s' (shift[z] = V[z] -
 // mean_a A[a][z] over the branch's actions), into `shift`: 2 x branches x Z,
-// the s rows first. The sample's group (thread gt of gthreads); the caller syncs.
+// the s rows first. The whole block; the caller syncs.
 __device__ __forceinline__ void BranchShifts(const HeadShape& h, const float* v_s, const float* a_s,
-                                             const float* v_n, const float* a_n, float* __restrict__ shift,
-                                             int gt, int gthreads) {
+                                             const float* v_n, const float* a_n, float* __restrict__ shift) {
   const int Z = h.num_atoms;
   const int per_row = h.num_branches * Z;
-  for (int i = gt; i < 2 * per_row; i += gthreads) {
+  for (int i = threadIdx.x; i < 2 * per_row; i += blockDim.x) {
     const bool next = i >= per_row;
     const int br = (next ? i - per_row : i) / Z;
     const int z = (next ? i - per_row : i) - br * Z;
@@ -127,18 +106,17 @@ __device__ __forceinline__ void BranchShifts(const HeadShape& h, const float* v_
 // l = A[a] + shift[branch(a)]. `tpr` threads (a power of two <= 32) share a
 // row: each walks atoms part, part + tpr, ... and a butterfly over the tpr
 // lanes combines them, so the rows of a 4 x 5 head fill the block instead of
-// taking one warp-wide reduction tree each. The sample's group (thread gt of
-// gthreads, whole warps); the caller syncs.
+// taking one warp-wide reduction tree each. The whole block; the caller syncs.
 __device__ __forceinline__ void ActionQValues(const HeadShape& h, const float* a_s, const float* a_n,
-                                              const float* __restrict__ shift, int tpr, float* __restrict__ q,
-                                              int gt, int gthreads) {
+                                              const float* __restrict__ shift, int tpr,
+                                              float* __restrict__ q) {
   const int Z = h.num_atoms;
   const int TA = h.total_actions;
   const int rows = 2 * TA;
-  const int part = gt & (tpr - 1);
+  const int part = threadIdx.x & (tpr - 1);
   // Uniform trip count: every lane reaches the shuffles.
-  for (int base = 0; base < rows * tpr; base += gthreads) {
-    const int r = (base + gt) / tpr;
+  for (int base = 0; base < rows * tpr; base += blockDim.x) {
+    const int r = (base + threadIdx.x) / tpr;
     const bool live = r < rows;
     const bool next = r >= TA;
     const int act = live ? (next ? r - TA : r) : 0;
@@ -165,10 +143,10 @@ __device__ __forceinline__ void ActionQValues(const HeadShape& h, const float* a
 }
 
 // Threads per row of ActionQValues: the most (a power of two, at most a warp)
-// with which the group still covers every row at once.
-__device__ __forceinline__ int ThreadsPerRow(int rows, int gthreads) {
+// with which the block still covers every row at once.
+__device__ __forceinline__ int ThreadsPerRow(int rows) {
   int tpr = 1;
-  while (tpr < 32 && 2 * tpr * rows <= gthreads) tpr *= 2;
+  while (tpr < 32 && 2 * tpr * rows <= static_cast<int>(blockDim.x)) tpr *= 2;
   return tpr;
 }
 
@@ -192,13 +170,11 @@ __device__ __forceinline__ bool Aligned16(const void* p) {
 
 // `dst`: 16-byte aligned, 3 x (AZ + Z) floats: the three A rows, then the
 // three V rows. A rows go by 16-byte vectors when they allow it (AZ a
-// multiple of 4 and every row aligned: 1/4 of the instructions). The
-// sample's group copies; every thread of the block reaches the closing barrier.
-__device__ __forceinline__ void StageRows(StagedRows* r, int Z, int AZ, float* __restrict__ dst, int gt,
-                                          int gthreads) {
+// multiple of 4 and every row aligned: 1/4 of the instructions).
+__device__ __forceinline__ void StageRows(StagedRows* r, int Z, int AZ, float* __restrict__ dst) {
   float* da = dst;
   float* dv = dst + 3 * AZ;
-  for (int i = gt; i < Z; i += gthreads) {
+  for (int i = threadIdx.x; i < Z; i += blockDim.x) {
     const float x0 = r->v_s[i], x1 = r->v_n[i], x2 = r->v_t[i];
     dv[i] = x0;
     dv[Z + i] = x1;
@@ -210,7 +186,7 @@ __device__ __forceinline__ void StageRows(StagedRows* r, int Z, int AZ, float* _
     const auto* s1 = reinterpret_cast<const float4*>(r->a_n);
     const auto* s2 = reinterpret_cast<const float4*>(r->a_t);
     auto* d = reinterpret_cast<float4*>(da);
-    for (int i = gt; i < n4; i += gthreads) {
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
       const float4 x0 = s0[i], x1 = s1[i], x2 = s2[i];
       d[i] = x0;
       d[n4 + i] = x1;
@@ -218,7 +194,7 @@ __device__ __forceinline__ void StageRows(StagedRows* r, int Z, int AZ, float* _
     }
   } else {
 #pragma unroll 2
-    for (int i = gt; i < AZ; i += gthreads) {
+    for (int i = threadIdx.x; i < AZ; i += blockDim.x) {
       const float x0 = r->a_s[i], x1 = r->a_n[i], x2 = r->a_t[i];
       da[i] = x0;
       da[AZ + i] = x1;
@@ -247,23 +223,14 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
   const int Z = h.num_atoms;
   const int NB = h.num_branches;
   const int AZ = h.total_actions * Z;
+  const int b = blockIdx.x;
   const int B = a.batch;
   const int lane = threadIdx.x % 32;
-  // The block's groups of G warps each take one sample; a group past the
-  // batch (the last block's) reads the last sample and writes nothing.
-  const int G = LossWarpsPerSample(NB);
-  const int group = static_cast<int>(threadIdx.x) / (32 * G);
-  const int warp = static_cast<int>(threadIdx.x) / 32 % G;  // within the group
-  const int gthreads = 32 * G;
-  const int gt = static_cast<int>(threadIdx.x) % gthreads;
-  const int b_slot = static_cast<int>(blockIdx.x) * LossSamplesPerBlock(NB) + group;
-  const bool live = b_slot < B;
-  const int b = live ? b_slot : B - 1;
-  float* gsmem = smem + group * LossSampleFloats(NB, Z, h.total_actions, kStaged);
-  float* sh_dl = gsmem;                          // NB x Z
+  const int warp = threadIdx.x / 32;
+  float* sh_dl = smem;                         // NB x Z
   float* sh_pt = sh_dl + NB * Z + warp * 2 * Z;  // Z: target probabilities
   float* sh_bj = sh_pt + Z;                      // Z: projected positions
-  float* sh_stats = gsmem + NB * Z + G * 2 * Z;  // kLossStats x NB
+  float* sh_stats = smem + NB * Z + kLossWarps * 2 * Z;  // kLossStats x NB
   float* st_ce = sh_stats;
   float* st_clip = st_ce + NB;
   float* st_qmin = st_clip + NB;
@@ -281,8 +248,7 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
                   a.target_v + int64_t{b} * Z,     a.target_a + int64_t{b} * AZ};
   if constexpr (kStaged) {  // the staged rows start 16-byte aligned
     float* dst = sh_q + 2 * h.total_actions;
-    StageRows(&rows, Z, AZ, dst + ((4 - (reinterpret_cast<uintptr_t>(dst) / sizeof(float)) % 4) % 4), gt,
-              gthreads);
+    StageRows(&rows, Z, AZ, dst + ((4 - (reinterpret_cast<uintptr_t>(dst) / sizeof(float)) % 4) % 4));
   }
   const float* v_s = rows.v_s;
   const float* a_s = rows.a_s;
@@ -308,14 +274,14 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
 
   // Q online of every action on s and s' first, by the whole block (the
   // argmax on s' and the Q statistics on s need only these numbers).
-  BranchShifts(h, v_s, a_s, v_n, a_n, sh_shift, gt, gthreads);
+  BranchShifts(h, v_s, a_s, v_n, a_n, sh_shift);
   __syncthreads();
-  ActionQValues(h, a_s, a_n, sh_shift, ThreadsPerRow(2 * h.total_actions, gthreads), sh_q, gt, gthreads);
+  ActionQValues(h, a_s, a_n, sh_shift, ThreadsPerRow(2 * h.total_actions), sh_q);
   __syncthreads();
 
   float shift[kAtomsPerLane];
   float l[kAtomsPerLane];
-  for (int br = warp; br < NB; br += G) {
+  for (int br = warp; br < NB; br += kLossWarps) {
     const int first = h.branch_offset[br];
     const int n = h.branch_offset[br + 1] - first;
 
@@ -475,7 +441,7 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
       }
     }
     ce = WarpSum(ce);
-    for (int act = 0; live && act < n; ++act) {
+    for (int act = 0; act < n; ++act) {
       const int64_t out = int64_t{b} * a.da_ld + (first + act) * Z;
 #pragma unroll
       for (int k = 0; k < kAtomsPerLane; ++k) {
@@ -494,13 +460,12 @@ __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) 
     }
   }
   __syncthreads();
-  if (!live) return;  // no barrier follows
-  for (int z = gt; z < Z; z += gthreads) {
+  for (int z = threadIdx.x; z < Z; z += blockDim.x) {
     float s = 0.0f;
     for (int br = 0; br < NB; ++br) s += sh_dl[br * Z + z];
     StoreGrad(a.dv, int64_t{b} * a.dv_ld + z, s, a.grad_precision);
   }
-  if (gt == 0) {
+  if (threadIdx.x == 0) {
     float ce = 0.0f, mse = 0.0f, clip = 0.0f, qmin = INFINITY, qmax = -INFINITY, qsum = 0.0f, bad = 0.0f;
     for (int br = 0; br < NB; ++br) {
       ce += st_ce[br];
@@ -548,8 +513,9 @@ __global__ void __launch_bounds__(kLossWarps * 32)
 }  // namespace
 
 size_t C51LossSharedBytes(const HeadShape& h) {
-  return sizeof(float) * LossSamplesPerBlock(h.num_branches) *
-         static_cast<size_t>(LossSampleFloats(h.num_branches, h.num_atoms, h.total_actions, false));
+  return sizeof(float) *
+         (3 * static_cast<size_t>(h.num_branches) * h.num_atoms + kLossWarps * 2 * h.num_atoms +
+          kLossStats * static_cast<size_t>(h.num_branches) + 2 * static_cast<size_t>(h.total_actions));
 }
 
 // Register slots per lane for `atoms` atoms (1, 2, 4 or 8).
@@ -567,13 +533,11 @@ constexpr size_t kStagedSharedLimit = 48 * 1024;
 
 template <bool kOptions, bool kStaged>
 cudaError_t LaunchLossKernel(const C51LossArgs& a, size_t smem, cudaStream_t stream) {
-  const int per_block = LossSamplesPerBlock(a.head.num_branches);
-  const int blocks = (a.batch + per_block - 1) / per_block;
   switch (AtomsPerLane(a.head.num_atoms)) {
-    case 1: C51LossKernel<1, kOptions, kStaged><<<blocks, kLossWarps * 32, smem, stream>>>(a); break;
-    case 2: C51LossKernel<2, kOptions, kStaged><<<blocks, kLossWarps * 32, smem, stream>>>(a); break;
-    case 4: C51LossKernel<4, kOptions, kStaged><<<blocks, kLossWarps * 32, smem, stream>>>(a); break;
-    case 8: C51LossKernel<8, kOptions, kStaged><<<blocks, kLossWarps * 32, smem, stream>>>(a); break;
+    case 1: C51LossKernel<1, kOptions, kStaged><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
+    case 2: C51LossKernel<2, kOptions, kStaged><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
+    case 4: C51LossKernel<4, kOptions, kStaged><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
+    case 8: C51LossKernel<8, kOptions, kStaged><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
@@ -581,12 +545,12 @@ cudaError_t LaunchLossKernel(const C51LossArgs& a, size_t smem, cudaStream_t str
 
 template <bool kOptions>
 cudaError_t LaunchLossKernel(const C51LossArgs& a, size_t smem, cudaStream_t stream) {
-  const HeadShape& h = a.head;
-  const size_t staged =
-      sizeof(float) * LossSamplesPerBlock(h.num_branches) *
-      static_cast<size_t>(LossSampleFloats(h.num_branches, h.num_atoms, h.total_actions, true));
-  if (a.stage_rows && staged <= kStagedSharedLimit)
-    return LaunchLossKernel<kOptions, true>(a, staged, stream);
+  // + 12 bytes to align the staged rows to 16.
+  const size_t staged_bytes =
+      sizeof(float) * (3 * (static_cast<size_t>(a.head.num_atoms) * (1 + a.head.total_actions)) + 3);
+  if (a.stage_rows && smem + staged_bytes <= kStagedSharedLimit) {
+    return LaunchLossKernel<kOptions, true>(a, smem + staged_bytes, stream);
+  }
   return LaunchLossKernel<kOptions, false>(a, smem, stream);
 }
 

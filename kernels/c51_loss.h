@@ -73,19 +73,17 @@ struct C51LossArgs {
 // Dynamic shared memory the loss kernel needs; the backend checks it at set-up.
 size_t C51LossSharedBytes(const HeadShape& head);
 
-// Grid: blocks of 4 warps; a group of G warps per sample b (G = 4 for 3 or
-// more branches, 2 for two, 1 for one: 1, 2 or 4 samples per block, each
-// group with its own shared memory). The group first stages the sample's
-// rows of V and A (s, s', target s') in shared memory when they fit
+// Grid: one block per sample b, 4 warps; the block first stages the
+// sample's rows of V and A (s, s', target s') in shared memory when they fit
 // (args.stage_rows), then computes the dueling shift of every branch on s
 // and s' and the online Q of every action on s and s' into shared memory
 // (2 x total_actions rows, a power-of-two group of threads per row, each
-// summing its atoms in order, then a fixed butterfly). Then warp w of the
-// group takes branches w, w+G, ...: a* and the Q statistics from those Q values, the
+// summing its atoms in order, then a fixed butterfly). Then warp w takes
+// branches w, w+4, ...: a* and the Q statistics from those Q values, the
 // target softmax, projection and CE with lane l on atoms l, l+32, ...
 // (registers). Per branch the warp writes
 // da[b][branch actions][*] and its d logit to shared memory; after a barrier
-// the group sums the branches in order into dv[b][*] and its thread 0 alone
+// the block sums the branches in order into dv[b][*] and thread 0 alone
 // writes ce/clip/q stats of sample b. Projection as a gather: target atom i
 // sums p_j * weight(i, j) over source atoms j in order, so no scatter races;
 // with discount >= 0 only the run of j with i - 1 < b_j < i + 1 is visited

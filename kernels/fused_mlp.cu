@@ -130,38 +130,19 @@ __device__ __forceinline__ void StageTile(T* dst, const T* src, int ld, int vali
 // Output columns per accumulator chunk: bf16 slabs are half the bytes, so
 // each warp takes two 16-column tiles of a 256-wide chunk (twice the MMAs per
 // staged slab); fp32/TF32 keep 128 (one tile per warp) to fit shared memory.
-#ifndef QS_FUSED_TF32_WIDE
-#define QS_FUSED_TF32_WIDE 0
-#endif
-// TF32 tensor chunks as wide as bf16's (two tiles per warp) with K slabs of
-// half the depth, so a stage takes the same shared memory (experiment knob).
-inline constexpr bool kTf32Wide = QS_FUSED_TF32_WIDE != 0;
 template <int P>
 constexpr int ChunkN() {
-  return P == int(Precision::kBf16) || (kTf32Wide && P == int(Precision::kTf32)) ? 2 * kFusedChunkN
-                                                                                 : kFusedChunkN;
+  return P == int(Precision::kBf16) ? 2 * kFusedChunkN : kFusedChunkN;
 }
-// K per chain stage.
-template <int P>
-constexpr int ChainSlabK() {
-  return kTf32Wide && P == int(Precision::kTf32) ? kFusedSlabK / 2 : kFusedSlabK;
-}
-// B slabs: [kSlabK][chunk + skew] from [kp][np] operands, or (NK) [chunk][kSlabK + 16 bytes].
-template <int P>
-constexpr bool kNK = FusedOperandsNK(static_cast<Precision>(P));
 template <int P>
 constexpr int BLd() {
-  return kNK<P> ? ChainSlabK<P>() + 16 / static_cast<int>(sizeof(Elem<P>)) : ChunkN<P>() + kSkew;
-}
-template <int P>
-constexpr int BStageElems() {
-  return (kNK<P> ? ChunkN<P>() : ChainSlabK<P>()) * BLd<P>();
+  return ChunkN<P>() + kSkew;
 }
 // A slabs staged from global memory: rows skewed by 16 bytes, so the eight
 // rows an ldmatrix phase reads fall in distinct bank groups.
 template <int P>
 constexpr int ALd() {
-  return ChainSlabK<P>() + 16 / static_cast<int>(sizeof(Elem<P>));
+  return kFusedSlabK + 16 / static_cast<int>(sizeof(Elem<P>));
 }
 
 template <int P>
@@ -187,10 +168,10 @@ struct ChainShared {
     b_base = p;
   }
   __device__ T* a_stage(int slot) const { return a_base + slot * (kRows * ALd<P>()); }
-  __device__ T* b_stage(int slot) const { return b_base + slot * BStageElems<P>(); }
+  __device__ T* b_stage(int slot) const { return b_base + slot * (kFusedSlabK * BLd<P>()); }
   __device__ T* buffer(int i) const { return i == 0 ? buf[0] : buf[1]; }
   static size_t Bytes(int buf_ld) {
-    return sizeof(T) * (2 * kRows * buf_ld + kStages * kRows * ALd<P>() + kStages * BStageElems<P>());
+    return sizeof(T) * (2 * kRows * buf_ld + kStages * kRows * ALd<P>() + kStages * kFusedSlabK * BLd<P>());
   }
 };
 
@@ -284,13 +265,10 @@ __device__ __forceinline__ void EmitRun(const EmitArgs& e, Elem<P>* out_buf, int
   }
 }
 
-template <int kSlabK>
-__device__ __forceinline__ int OpSlabs(const FusedOp& op) {
-  return (op.kp + kSlabK - 1) / kSlabK;
-}
-template <int kSlabK, int kChunk>
+__device__ __forceinline__ int OpSlabs(const FusedOp& op) { return (op.kp + kFusedSlabK - 1) / kFusedSlabK; }
+template <int kChunk>
 __device__ __forceinline__ int OpStages(const FusedOp& op) {
-  return OpSlabs<kSlabK>(op) * ((op.np + kChunk - 1) / kChunk);
+  return OpSlabs(op) * ((op.np + kChunk - 1) / kChunk);
 }
 
 template <int P, int kRows>
@@ -304,7 +282,6 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
   constexpr int kRowTiles = kRows / 16;
   constexpr int kMr = kRows / kChainWarps;  // SIMT rows per thread
   constexpr int kChunk = ChunkN<P>();
-  constexpr int kSlabK = ChainSlabK<P>();
   constexpr int kBLd = BLd<P>();
   constexpr int kColTiles = kChunk / 16 / kChainWarps;  // tensor path: 16-column tiles per warp
   constexpr int kCols = kChunk / 32;                    // SIMT columns per thread
@@ -330,7 +307,7 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
   if (threadIdx.x == 0) {
     stage_begin[0] = 0;
     for (int o = 0; o < pass.num_ops; ++o)
-      stage_begin[o + 1] = stage_begin[o] + OpStages<kSlabK, kChunk>(pass.ops[o]);
+      stage_begin[o + 1] = stage_begin[o] + OpStages<kChunk>(pass.ops[o]);
   }
   Shared sh(smem, buf_ld);
   const int row0 = (static_cast<int>(blockIdx.x) - pass.first_block) * kRows;
@@ -351,20 +328,15 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
       int o, st;
       locate(g, &o, &st);
       const FusedOp& op = pass.ops[o];
-      const int slabs = OpSlabs<kSlabK>(op);
-      const int k0 = (st % slabs) * kSlabK;
+      const int slabs = OpSlabs(op);
+      const int k0 = (st % slabs) * kFusedSlabK;
       const int n0 = (st / slabs) * kChunk;
       const int nc = min(kChunk, op.np - n0);
       const int slot = g % kStages;
-      if constexpr (kNK<P>) {
-        StageTile<T, kChunk, kSlabK, kBLd, kChainThreads>(
-            sh.b_stage(slot), static_cast<const T*>(op.b) + int64_t{n0} * op.kp + k0, op.kp, nc, op.kp - k0);
-      } else {
-        StageTile<T, kSlabK, kChunk, kBLd, kChainThreads>(
-            sh.b_stage(slot), static_cast<const T*>(op.b) + int64_t{k0} * op.np + n0, op.np, op.kp - k0, nc);
-      }
+      StageTile<T, kFusedSlabK, kChunk, kBLd, kChainThreads>(
+          sh.b_stage(slot), static_cast<const T*>(op.b) + int64_t{k0} * op.np + n0, op.np, op.kp - k0, nc);
       if (op.a_buf < 0) {
-        StageTile<T, kRows, kSlabK, kALd, kChainThreads>(
+        StageTile<T, kRows, kFusedSlabK, kALd, kChainThreads>(
             sh.a_stage(slot), static_cast<const T*>(op.a_global) + int64_t{row0} * op.a_ld + k0, op.a_ld,
             valid_rows, op.a_cols - k0);
       }
@@ -421,10 +393,10 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
     int o, st;
     locate(g, &o, &st);
     const FusedOp& op = pass.ops[o];
-    const int slabs = OpSlabs<kSlabK>(op);
+    const int slabs = OpSlabs(op);
     const int slab = st % slabs;
-    const int k0 = slab * kSlabK;
-    const int kvalid = min(kSlabK, op.kp - k0);
+    const int k0 = slab * kFusedSlabK;
+    const int kvalid = min(kFusedSlabK, op.kp - k0);
     const int n0 = (st / slabs) * kChunk;
     const int nc = min(kChunk, op.np - n0);
     const int slot = g % kStages;
@@ -438,10 +410,8 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
         // bf16 B (read transposed from [k][n]): k rows lane % 16, n half
         // lane / 16. TF32 B: k row lane % 4 (+ 4), column lane / 4 (+ 8).
         const T* a_lane = a_tile + (lane % 16) * a_ld + (lane / 16) * (16 / static_cast<int>(sizeof(T)));
-        // NK (TF32 from [n][k]): matrix lane / 8 = (n half, k half), row n lane % 8.
-        const T* b_lane = kNK<P> ? b_tile + ((lane / 16) * 8 + lane % 8) * kBLd + (lane / 8) % 2 * 4
-                          : P == int(Precision::kBf16) ? b_tile + (lane % 16) * kBLd + (lane / 16) * 8
-                                                       : b_tile + (lane % 4) * kBLd + lane / 4;
+        const T* b_lane = P == int(Precision::kBf16) ? b_tile + (lane % 16) * kBLd + (lane / 16) * 8
+                                                     : b_tile + (lane % 4) * kBLd + lane / 4;
 #pragma unroll 2
         for (int kk = 0; kk < kvalid; kk += kK) {
           unsigned af[kRowTiles][4];
@@ -452,12 +422,10 @@ __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedPro
             const int ct = warp + kChainWarps * j;
             if (ct * 16 < nc) {
               unsigned bf[4];  // k 0-7 | k 8-15 (TF32: 0-3 | 4-7) of columns 0-7, then of columns 8-15
-              if constexpr (kNK<P>) {
-                LoadMatrices<false>(bf, b_lane + ct * 16 * kBLd + kk);
-              } else if constexpr (P == int(Precision::kBf16)) {
-                LoadMatrices<true>(bf, b_lane + kk * kBLd + ct * 16);
+              const T* bp = b_lane + kk * kBLd + ct * 16;
+              if constexpr (P == int(Precision::kBf16)) {
+                LoadMatrices<true>(bf, bp);
               } else {
-                const T* bp = b_lane + kk * kBLd + ct * 16;
                 bf[0] = __float_as_uint(bp[0]);
                 bf[1] = __float_as_uint(bp[4 * kBLd]);
                 bf[2] = __float_as_uint(bp[8]);

@@ -39,21 +39,11 @@ inline constexpr int kMaxGradTiles = 256;  // weight-gradient tiles = norm parti
 
 inline int FusedPadded(int n) { return (n + kFusedPad - 1) / kFusedPad * kFusedPad; }
 
-#ifndef QS_FUSED_TF32_NK
-#define QS_FUSED_TF32_NK 0
-#endif
-// Layout of the packed weight operands B of the chain kernels: [kp][np] (n
-// contiguous), or, for TF32 with this experiment knob on, [np][kp] (k
-// contiguous) so the kernels load B fragments with ldmatrix instead of four
-// scalar shared loads each. Host (packing) and kernels (staging) agree on it.
-inline constexpr bool kTf32OperandsNK = QS_FUSED_TF32_NK != 0;
-constexpr bool FusedOperandsNK(Precision p) { return kTf32OperandsNK && p == Precision::kTf32; }
-
 enum FusedAct : int32_t { kActNone = 0, kActRelu = 1, kActMask = 2 };
 
 // C[rows][np] = A[rows][kp] B[kp][np] (+ bias), then act, stored where asked.
 struct FusedOp {
-  const void* b = nullptr;  // packed [kp][np] (FusedOperandsNK: [np][kp]), operand type
+  const void* b = nullptr;  // packed [kp][np], operand type
   int kp = 0;
   int np = 0;
   int n = 0;                    // valid columns; columns n..np are written as 0

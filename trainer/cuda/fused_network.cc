@@ -182,33 +182,27 @@ absl::Status FusedNetwork::Init(const NetworkSpec& spec, int batch, kernels::Pre
     j.dst_ld = ld;
     pack_.jobs[pack_.num_jobs++] = j;
   };
-  // B of a forward op is W^T ([kp][np] = [in][out]); of a backward op W
-  // ([out][in]). With NK operands each is stored transposed: [np][kp].
-  const bool nk = kernels::FusedOperandsNK(precision);
   for (int net = 0; net < 2; ++net) {
     const float* base = net == 0 ? io.params : io.target;
     const ForwardMats& f = fwd[net];
     for (int k = 0; k < L; ++k) {
-      job(base, spec.trunk[k], true, !nk, mptr(f.trunk[k]), nk ? f.trunk[k].kp : f.trunk[k].np);
+      job(base, spec.trunk[k], true, true, mptr(f.trunk[k]), f.trunk[k].np);
       job(base, spec.trunk[k], false, false, bb + f.trunk_b[k], 0);
     }
-    job(base, spec.value_hidden, true, !nk, mptr(f.heads), nk ? topp : hh);
-    job(base, spec.adv_hidden, true, !nk, Offset(mptr(f.heads), nk ? int64_t{hp_} * topp : hp_, elem_),
-        nk ? topp : hh);
+    job(base, spec.value_hidden, true, true, mptr(f.heads), hh);
+    job(base, spec.adv_hidden, true, true, Offset(mptr(f.heads), hp_, elem_), hh);
     job(base, spec.value_hidden, false, false, bb + f.heads_b, 0);
     job(base, spec.adv_hidden, false, false, bb + f.heads_b + hp_, 0);
-    job(base, spec.value_out, true, !nk, mptr(f.vo), nk ? hp_ : zp_);
+    job(base, spec.value_out, true, true, mptr(f.vo), zp_);
     job(base, spec.value_out, false, false, bb + f.vo_b, 0);
-    job(base, spec.adv_out, true, !nk, mptr(f.ao), nk ? hp_ : azp_);
+    job(base, spec.adv_out, true, true, mptr(f.ao), azp_);
     job(base, spec.adv_out, false, false, bb + f.ao_b, 0);
   }
-  job(io.params, spec.value_out, true, nk, mptr(b_vo), nk ? zp_ : hp_);
-  job(io.params, spec.adv_out, true, nk, mptr(b_ao), nk ? azp_ : hp_);
-  job(io.params, spec.value_hidden, true, nk, mptr(b_heads), nk ? hh : topp);
-  job(io.params, spec.adv_hidden, true, nk, Offset(mptr(b_heads), nk ? hp_ : int64_t{hp_} * topp, elem_),
-      nk ? hh : topp);
-  for (int k = 1; k < L; ++k)
-    job(io.params, spec.trunk[k], true, nk, mptr(b_trunk[k]), nk ? wp[k] : wp[k - 1]);
+  job(io.params, spec.value_out, true, false, mptr(b_vo), hp_);
+  job(io.params, spec.adv_out, true, false, mptr(b_ao), hp_);
+  job(io.params, spec.value_hidden, true, false, mptr(b_heads), topp);
+  job(io.params, spec.adv_hidden, true, false, Offset(mptr(b_heads), int64_t{hp_} * topp, elem_), topp);
+  for (int k = 1; k < L; ++k) job(io.params, spec.trunk[k], true, false, mptr(b_trunk[k]), wp[k - 1]);
   if (pack_.num_jobs > kernels::kMaxPackJobs) return absl::InternalError("fused network: too many pack jobs");
 
   auto op_from = [&](const Mat& m, int n, const float* bias_ptr) {
