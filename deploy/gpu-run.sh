@@ -10,6 +10,8 @@
 #   DEMO=1 [DEMO_SECONDS=60]: qstreamd --backend=cuda + CartPole actors via deploy/demo.sh,
 #   METRICS=1: qstreamd --backend=cuda under 5 s of load, its GPU, build and step-time series from /metrics,
 #   E2E=1 [E2E_SECONDS=20 E2E_STREAMS=8 E2E_KIND=nstep|step|step_stream]: qstream-bench e2e, qstreamd --backend=cuda under load streams,
+#   BASE=1: with a base build staged as qstream-bench-base / qstreamd-base (gpu-stage.sh QSTREAM_STAGE_EXTRA),
+#     the bench runs base and this build alternating (two rounds) and E2E runs the base's daemon first,
 #   INGEST=1 [INGEST_PEERS=cpp INGEST_STREAMS=16 INGEST_ITEMS=1,64,1024 INGEST_CLIENTS=1,4]: bench/ingest_compare.py,
 #   qstreamd --backend=cuda, learner running, samples_per_insert 1, B = 1024, `qstream-bench load` client processes)
 set -uo pipefail
@@ -65,6 +67,20 @@ if [[ "${SKIP_BENCH:-0}" != 1 ]]; then
       --precision="${PRECISIONS:-fp32,tf32,bf16}" >> "$out/bench.jsonl" 2>> "$out/bench.log"
     echo "$path rc=$?" >> "$summary"
   done
+  if [[ "${BASE:-0}" == 1 && -x "$bin/qstream-bench-base" ]]; then
+    # A base build staged beside this one (QSTREAM_STAGE_EXTRA): the same
+    # bench, base and this build alternating for two rounds; each line says its "bin".
+    for round in 1 2; do
+      for b in qstream-bench-base qstream-bench; do
+        for path in ${PATHS:-fused cublas}; do
+          QSTREAM_CUDA_PATH=$path timeout 300 "$bin/$b" learner --backend=cuda --config="${CONFIGS:-h200,small}" \
+            --precision="${PRECISIONS:-fp32,tf32,bf16}" 2>> "$out/bench.log" | sed "s/^{/{\"bin\":\"$b\",\"round\":$round,/" \
+            >> "$out/bench.jsonl"
+          echo "$b $path round $round rc=${PIPESTATUS[0]}" >> "$summary"
+        done
+      done
+    done
+  fi
   cat "$out/bench.jsonl" >> "$summary"
 fi
 
@@ -83,11 +99,16 @@ if [[ "${E2E:-0}" == 1 && -x "$bin/qstreamd" ]]; then
   # B=1024 batches; graph-only reference (qstream-bench learner) in the same call.
   # Its JSON line joins bench.jsonl, its progress bench.log (the 8-file limit).
   echo "== e2e" >> "$summary"
-  timeout $(( ${E2E_SECONDS:-20} + 400 )) "$bin/qstream-bench" e2e --qstreamd="$bin/qstreamd" --backend=cuda \
-    --config=h200 --batch=1024 --items_per_message=1024 --streams="${E2E_STREAMS:-8}" \
-    --seconds="${E2E_SECONDS:-20}" --kind="${E2E_KIND:-nstep}" > "$out/e2e.tmp" 2>> "$out/bench.log"
-  echo "e2e rc=$?" >> "$summary"
-  tee -a "$out/bench.jsonl" < "$out/e2e.tmp" >> "$summary"
+  # With BASE=1 and a staged base build: the base's qstreamd (and bench) first.
+  variants=""
+  [[ "${BASE:-0}" == 1 && -x "$bin/qstreamd-base" && -x "$bin/qstream-bench-base" ]] && variants="-base"
+  for v in $variants ""; do
+    timeout $(( ${E2E_SECONDS:-20} + 400 )) "$bin/qstream-bench$v" e2e --qstreamd="$bin/qstreamd$v" --backend=cuda \
+      --config=h200 --batch=1024 --items_per_message=1024 --streams="${E2E_STREAMS:-8}" \
+      --seconds="${E2E_SECONDS:-20}" --kind="${E2E_KIND:-nstep}" > "$out/e2e.tmp" 2>> "$out/bench.log"
+    echo "e2e qstreamd$v rc=$?" >> "$summary"
+    sed "s/^{/{\"bin\":\"qstreamd$v\",/" "$out/e2e.tmp" | tee -a "$out/bench.jsonl" >> "$summary"
+  done
   rm -f "$out/e2e.tmp"
 fi
 
