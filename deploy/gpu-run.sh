@@ -62,25 +62,24 @@ fi
 if [[ "${SKIP_BENCH:-0}" != 1 ]]; then
   echo "== bench" >> "$summary"
   # Both network paths (QSTREAM_CUDA_PATH=auto picks one per network width).
-  for path in ${PATHS:-fused cublas}; do
-    QSTREAM_CUDA_PATH=$path timeout 300 "$bin/qstream-bench" learner --backend=cuda --config="${CONFIGS:-h200,small}" \
-      --precision="${PRECISIONS:-fp32,tf32,bf16}" >> "$out/bench.jsonl" 2>> "$out/bench.log"
-    echo "$path rc=$?" >> "$summary"
-  done
+  # With BASE=1 and a base build staged beside this one (QSTREAM_STAGE_EXTRA):
+  # base and this build alternating for two rounds. Each line says its "bin".
+  bins="qstream-bench"
+  rounds=1
   if [[ "${BASE:-0}" == 1 && -x "$bin/qstream-bench-base" ]]; then
-    # A base build staged beside this one (QSTREAM_STAGE_EXTRA): the same
-    # bench, base and this build alternating for two rounds; each line says its "bin".
-    for round in 1 2; do
-      for b in qstream-bench-base qstream-bench; do
-        for path in ${PATHS:-fused cublas}; do
-          QSTREAM_CUDA_PATH=$path timeout 300 "$bin/$b" learner --backend=cuda --config="${CONFIGS:-h200,small}" \
-            --precision="${PRECISIONS:-fp32,tf32,bf16}" 2>> "$out/bench.log" | sed "s/^{/{\"bin\":\"$b\",\"round\":$round,/" \
-            >> "$out/bench.jsonl"
-          echo "$b $path round $round rc=${PIPESTATUS[0]}" >> "$summary"
-        done
+    bins="qstream-bench-base qstream-bench"
+    rounds=2
+  fi
+  for round in $(seq "$rounds"); do
+    for b in $bins; do
+      for path in ${PATHS:-fused cublas}; do
+        QSTREAM_CUDA_PATH=$path timeout 300 "$bin/$b" learner --backend=cuda --config="${CONFIGS:-h200,small}" \
+          --precision="${PRECISIONS:-fp32,tf32,bf16}" 2>> "$out/bench.log" | sed "s/^{/{\"bin\":\"$b\",\"round\":$round,/" \
+          >> "$out/bench.jsonl"
+        echo "$b $path round $round rc=${PIPESTATUS[0]}" >> "$summary"
       done
     done
-  fi
+  done
   cat "$out/bench.jsonl" >> "$summary"
 fi
 
