@@ -144,29 +144,42 @@ def test_killed_client_loses_nothing_acknowledged(start_daemon):
     assert st.replay_size == ingested
 
 
+def send_across_cuts(start_daemon, open_client, count, cuts, send):
+    """A client (open_client(address) -> ActorClient or Writer) reaches an
+    idle daemon through a proxy; send(client, i) for i < count, the
+    connection cut before each i in `cuts`. Checks that it reconnected at
+    every cut and that each batch was sent and acknowledged once; returns
+    (the daemon's status, flush()'s count)."""
+    d = start_daemon(IDLE_CONFIG)
+    proxy = TcpProxy(d.grpc)
+    try:
+        with open_client(proxy.address) as c:
+            for i in range(count):
+                if i in cuts:
+                    assert proxy.cut() > 0
+                send(c, i)
+            acked = c.flush(timeout=60)
+            stats = c.stats
+    finally:
+        proxy.close()
+    assert stats.reconnects >= len(cuts)
+    assert stats.acked_batches == stats.sent_batches == count
+    return d.status(), acked
+
+
 def test_reconnect_resends_unacknowledged_without_duplicates(start_daemon):
     """Connections cut twice mid-stream: the client reconnects, resends what
     was not acknowledged under the same stream_id/sequence, and the replay
     ends up with every transition exactly once."""
-    d = start_daemon(IDLE_CONFIG)
-    proxy = TcpProxy(d.grpc)
     rng = np.random.default_rng(3)
     batches, per_batch = 120, 50
-    try:
-        with ActorClient(proxy.address, max_in_flight=8, max_backoff_s=0.5) as c:
-            for i in range(batches):
-                if i in (40, 80):
-                    assert proxy.cut() > 0
-                obs = rng.normal(size=(per_batch, 4))
-                c.send(nstep_batch(obs, rng.integers(0, 2, per_batch), np.ones(per_batch),
-                                   np.full(per_batch, 0.9), obs))
-            c.flush(timeout=60)
-            stats = c.stats
-    finally:
-        proxy.close()
-    assert stats.reconnects >= 2
-    assert stats.acked_batches == stats.sent_batches == batches
-    st = d.status()
+
+    def send(c, i):
+        obs = rng.normal(size=(per_batch, 4))
+        c.send(nstep_batch(obs, rng.integers(0, 2, per_batch), np.ones(per_batch), np.full(per_batch, 0.9), obs))
+
+    st, _ = send_across_cuts(start_daemon, lambda address: ActorClient(address, max_in_flight=8, max_backoff_s=0.5),
+                             batches, (40, 80), send)
     assert st.transitions_ingested == batches * per_batch
     assert st.replay_size == batches * per_batch
 
@@ -175,30 +188,21 @@ def test_whole_batch_appends_across_cut_connections_insert_every_step_once(start
     """Writer.append of whole batches (sent from the caller's arrays, not the
     buffer) over connections cut twice mid-stream, from 8 envs: every
     acknowledged step is in the replay exactly once."""
-    d = start_daemon(IDLE_CONFIG)
-    proxy = TcpProxy(d.grpc)
     rng = np.random.default_rng(5)
     appends, envs, steps_per_env = 90, 8, 8  # 64 rows per append = one batch
-    try:
-        with Writer(proxy.address, obs_dim=4, num_branches=1, max_batch=envs * steps_per_env, max_delay=None,
-                    max_in_flight=8, max_backoff_s=0.5) as w:
-            for i in range(appends):
-                if i in (30, 60):
-                    assert proxy.cut() > 0
-                n = envs * steps_per_env
-                obs = rng.normal(size=(n, 4))
-                done = np.zeros(n, bool)
-                done[-envs:] = True  # each env's last step ends its episode: all its steps are emitted
-                w.append(obs, rng.integers(0, 2, n), np.ones(n), done, np.zeros(n, bool), next_obs=obs + 0.1,
-                         env_ids=np.tile(np.arange(envs), steps_per_env))
-            acked = w.flush(timeout=60)
-            stats = w.stats
-    finally:
-        proxy.close()
-    assert stats.reconnects >= 2
-    assert stats.acked_batches == stats.sent_batches == appends
-    st = d.status()
-    assert st.transitions_ingested == st.replay_size == appends * envs * steps_per_env
+    n = envs * steps_per_env
+
+    def send(w, i):
+        obs = rng.normal(size=(n, 4))
+        done = np.zeros(n, bool)
+        done[-envs:] = True  # each env's last step ends its episode: all its steps are emitted
+        w.append(obs, rng.integers(0, 2, n), np.ones(n), done, np.zeros(n, bool), next_obs=obs + 0.1,
+                 env_ids=np.tile(np.arange(envs), steps_per_env))
+
+    st, acked = send_across_cuts(
+        start_daemon, lambda address: Writer(address, obs_dim=4, num_branches=1, max_batch=n, max_delay=None,
+                                             max_in_flight=8, max_backoff_s=0.5), appends, (30, 60), send)
+    assert st.transitions_ingested == st.replay_size == appends * n
     # A resend whose first ack the cut lost is acknowledged as a duplicate
     # (accepted = 0, the protocol's rule), so the sum of accepted counts may
     # fall short of what is in the replay, never exceed it.
