@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <ostream>
 #include <random>
@@ -19,6 +20,7 @@
 #include "kernels/c51_loss.h"
 #include "kernels/optimizer.h"
 #include "kernels/per_sample.h"
+#include "kernels/replay_commit.h"
 #include "kernels/step_finalize.h"
 #include "kernels/views.h"
 #include "tests/cuda/gpu_test_util.h"
@@ -998,6 +1000,100 @@ void ExpectLargestBWins(const std::vector<int32_t>& idx, const std::vector<float
 // Sorted indices (the sampler's), in runs of duplicates: runs of 1..12, one
 // of 300 that spans the block's 1024-thread stride, the first and last slot,
 // and B > 1024 so owners and their right neighbours sit in different passes.
+// One staged chunk into the ring: every column lands at the cursor (wrapping
+// past the end), the new slots get max_priority, the other slots keep their
+// words bit for bit, and size/cursor are what the launcher said. Staging rows
+// past `count` hold NaN bytes and must not reach the ring.
+TEST(ReplayCommit, MovesAStagedChunkIntoTheRing) {
+  QS_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  struct Case {
+    int64_t capacity, first_slot, count, stride;
+    int obs_dim, branches;
+  };
+  const int64_t cap = 700 + static_cast<int64_t>(rng() % 300);
+  const std::vector<Case> cases = {
+      {cap, cap - 37, 100, 128, 48, 4},  // wraps
+      {cap, 0, cap, cap, 5, 1},          // the whole ring, full staging
+      {cap, 123, 1, 64, 48, 4},          // one row
+      {cap, cap - 1, 2, 3, 7, 3},        // wraps after one row
+      {cap, 200, 300, 512, 1, 2},        // no wrap
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(::testing::Message() << "capacity " << k.capacity << " first " << k.first_slot << " count "
+                                      << k.count << " obs_dim " << k.obs_dim << " branches " << k.branches);
+    const int d = k.obs_dim, nb = k.branches;
+    const size_t c = static_cast<size_t>(k.capacity), r = static_cast<size_t>(k.stride);
+    auto ring_obs = RandomUniform(rng, c * d, -1, 1), ring_next = RandomUniform(rng, c * d, -1, 1);
+    auto ring_rew = RandomUniform(rng, c, -1, 1), ring_disc = RandomUniform(rng, c, 0, 1);
+    auto ring_prio = RandomUniform(rng, c, 0.1f, 1);
+    std::vector<int32_t> ring_act(c * nb);
+    for (int32_t& a : ring_act) a = static_cast<int32_t>(rng() % 1000);
+    // Staging: five regions of `stride` rows; rows past count are NaN bytes.
+    std::vector<float> staged(r * (2 * d + nb + 2));
+    std::memset(staged.data(), 0xFF, staged.size() * sizeof(float));
+    const size_t o_next = r * d, o_act = 2 * r * d, o_rew = o_act + r * nb, o_disc = o_rew + r;
+    auto s_obs = RandomUniform(rng, k.count * d, -5, 5), s_next = RandomUniform(rng, k.count * d, -5, 5);
+    auto s_rew = RandomUniform(rng, k.count, -5, 5), s_disc = RandomUniform(rng, k.count, 0, 1);
+    std::vector<int32_t> s_act(k.count * nb);
+    for (int32_t& a : s_act) a = static_cast<int32_t>(rng() % 1000);
+    std::copy(s_obs.begin(), s_obs.end(), staged.begin());
+    std::copy(s_next.begin(), s_next.end(), staged.begin() + o_next);
+    std::memcpy(staged.data() + o_act, s_act.data(), s_act.size() * sizeof(int32_t));
+    std::copy(s_rew.begin(), s_rew.end(), staged.begin() + o_rew);
+    std::copy(s_disc.begin(), s_disc.end(), staged.begin() + o_disc);
+
+    DeviceArray<float> d_staged(staged), d_obs(ring_obs), d_next(ring_next), d_rew(ring_rew),
+        d_disc(ring_disc), d_prio(ring_prio);
+    DeviceArray<int32_t> d_act(ring_act);
+    kernels::DeviceState state;
+    state.max_priority = 0.25f + static_cast<float>(rng() % 100) / 64.0f;
+    state.replay_size = 5;
+    DeviceArray<kernels::DeviceState> d_state(std::vector<kernels::DeviceState>{state});
+
+    kernels::ReplayCommitArgs a;
+    a.staged.obs = d_staged.get();
+    a.staged.next_obs = d_staged.get() + o_next;
+    a.staged.actions = reinterpret_cast<const int32_t*>(d_staged.get() + o_act);
+    a.staged.rewards = d_staged.get() + o_rew;
+    a.staged.discounts = d_staged.get() + o_disc;
+    a.ring = {d_obs.get(),  d_next.get(), d_act.get(), d_rew.get(), d_disc.get(),
+              d_prio.get(), k.capacity,   d,           nb};
+    a.first_slot = k.first_slot;
+    a.count = k.count;
+    a.new_size = std::min(k.capacity, 5 + k.count);
+    a.new_cursor = (k.first_slot + k.count) % k.capacity;
+    a.state = d_state.get();
+    QS_ASSERT_CUDA(kernels::LaunchReplayCommit(a, nullptr));
+
+    // The reference: the same rows written slot by slot on the host.
+    for (int64_t i = 0; i < k.count; ++i) {
+      const size_t slot = static_cast<size_t>((k.first_slot + i) % k.capacity);
+      std::copy_n(s_obs.begin() + i * d, d, ring_obs.begin() + slot * d);
+      std::copy_n(s_next.begin() + i * d, d, ring_next.begin() + slot * d);
+      std::copy_n(s_act.begin() + i * nb, nb, ring_act.begin() + slot * nb);
+      ring_rew[slot] = s_rew[i];
+      ring_disc[slot] = s_disc[i];
+      ring_prio[slot] = state.max_priority;
+    }
+    auto bits = [](const std::vector<float>& v) {
+      std::vector<uint32_t> b(v.size());
+      std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+      return b;
+    };
+    EXPECT_EQ(bits(d_obs.Download()), bits(ring_obs));
+    EXPECT_EQ(bits(d_next.Download()), bits(ring_next));
+    EXPECT_EQ(d_act.Download(), ring_act);
+    EXPECT_EQ(bits(d_rew.Download()), bits(ring_rew));
+    EXPECT_EQ(bits(d_disc.Download()), bits(ring_disc));
+    EXPECT_EQ(bits(d_prio.Download()), bits(ring_prio));
+    const kernels::DeviceState after = d_state.Download()[0];
+    EXPECT_EQ(after.replay_size, a.new_size);
+    EXPECT_EQ(after.replay_cursor, a.new_cursor);
+    EXPECT_EQ(after.max_priority, state.max_priority);
+  }
+}
+
 TEST(PriorityWriteBack, SortedRunsLargestBWins) {
   QS_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(41);

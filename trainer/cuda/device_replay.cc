@@ -10,6 +10,19 @@
 
 namespace qstream::cuda {
 
+// Column regions of `rows` rows each, in StagedRows' order.
+DeviceReplay::StagingLayout DeviceReplay::LayoutFor(int64_t rows, int obs_dim, int num_branches) {
+  StagingLayout l;
+  const size_t r = static_cast<size_t>(rows);
+  l.obs = 0;
+  l.next_obs = l.obs + r * obs_dim;
+  l.actions = l.next_obs + r * obs_dim;
+  l.rewards = l.actions + r * num_branches;
+  l.discounts = l.rewards + r;
+  l.words = l.discounts + r;
+  return l;
+}
+
 absl::StatusOr<std::unique_ptr<DeviceReplay>> DeviceReplay::Create(const NetworkSpec& spec, int64_t capacity,
                                                                    int64_t staging_rows, cudaStream_t stream,
                                                                    kernels::DeviceState* state) {
@@ -29,6 +42,7 @@ DeviceReplay::DeviceReplay(const NetworkSpec& spec, int64_t capacity, int64_t st
       branch_actions_(spec.branch_actions),
       capacity_(capacity),
       staging_rows_(staging_rows),
+      layout_(LayoutFor(staging_rows, obs_dim_, num_branches_)),
       stream_(stream),
       state_(state) {}
 
@@ -41,22 +55,10 @@ absl::Status DeviceReplay::Allocate() {
     if (absl::Status s = b->Allocate(c); !s.ok()) return s;
   }
   if (absl::Status s = actions_.Allocate(c * num_branches_); !s.ok()) return s;
-  const size_t r = static_cast<size_t>(staging_rows_);
+  static_assert(sizeof(float) == sizeof(int32_t), "staging regions are 32-bit words");
   for (Staging& st : staging_) {
-    for (auto* b : {&st.obs, &st.next_obs}) {
-      if (absl::Status s = b->Allocate(r * obs_dim_); !s.ok()) return s;
-    }
-    for (auto* b : {&st.rewards, &st.discounts}) {
-      if (absl::Status s = b->Allocate(r); !s.ok()) return s;
-    }
-    if (absl::Status s = st.actions.Allocate(r * num_branches_); !s.ok()) return s;
-    for (auto* b : {&st.dev_obs, &st.dev_next_obs}) {
-      if (absl::Status s = b->Allocate(r * obs_dim_); !s.ok()) return s;
-    }
-    for (auto* b : {&st.dev_rewards, &st.dev_discounts}) {
-      if (absl::Status s = b->Allocate(r); !s.ok()) return s;
-    }
-    if (absl::Status s = st.dev_actions.Allocate(r * num_branches_); !s.ok()) return s;
+    if (absl::Status s = st.host.Allocate(layout_.words); !s.ok()) return s;
+    if (absl::Status s = st.dev.Allocate(layout_.words); !s.ok()) return s;
     for (Event* e : {&st.uploaded, &st.consumed}) {
       if (absl::Status s = CreateEvent(e, /*timing=*/false); !s.ok()) return s;
     }
@@ -218,11 +220,12 @@ void DeviceReplay::Pack(const TransitionColumns& batch, int64_t first_row, int64
                         int64_t at) const {
   const int d = obs_dim_;
   const int nb = num_branches_;
-  std::memcpy(st->obs.get() + at * d, &batch.obs[first_row * d], sizeof(float) * rows * d);
-  std::memcpy(st->next_obs.get() + at * d, &batch.next_obs[first_row * d], sizeof(float) * rows * d);
-  std::memcpy(st->actions.get() + at * nb, &batch.actions[first_row * nb], sizeof(int32_t) * rows * nb);
-  std::memcpy(st->rewards.get() + at, &batch.rewards[first_row], sizeof(float) * rows);
-  std::memcpy(st->discounts.get() + at, &batch.discounts[first_row], sizeof(float) * rows);
+  float* w = st->host.get();
+  std::memcpy(w + layout_.obs + at * d, &batch.obs[first_row * d], sizeof(float) * rows * d);
+  std::memcpy(w + layout_.next_obs + at * d, &batch.next_obs[first_row * d], sizeof(float) * rows * d);
+  std::memcpy(w + layout_.actions + at * nb, &batch.actions[first_row * nb], sizeof(int32_t) * rows * nb);
+  std::memcpy(w + layout_.rewards + at, &batch.rewards[first_row], sizeof(float) * rows);
+  std::memcpy(w + layout_.discounts + at, &batch.discounts[first_row], sizeof(float) * rows);
 }
 
 absl::Status DeviceReplay::Commit(Staging* staging, int64_t rows) {
@@ -230,51 +233,41 @@ absl::Status DeviceReplay::Commit(Staging* staging, int64_t rows) {
   const int d = obs_dim_;
   const int nb = num_branches_;
   cudaStream_t up = copy_stream_.get();
+  float* host = st.host.get();
+  float* dev = st.dev.get();
   // 1. Host -> device staging on the copy stream, beside the step in flight,
   //    once the learner stream has read this device buffer's previous rows.
+  //    A full chunk is one copy; a partial one copies each pair of equally
+  //    sized regions as one 2-D copy (pitch: the region's size).
   QS_CUDA_CHECK(cudaStreamWaitEvent(up, st.consumed.get(), 0));
-  auto upload = [&](void* dst, const void* src, size_t bytes) -> absl::Status {
-    QS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, up));
-    return absl::OkStatus();
-  };
-  QS_RETURN_IF_ERROR(upload(st.dev_obs.get(), st.obs.get(), sizeof(float) * rows * d));
-  QS_RETURN_IF_ERROR(upload(st.dev_next_obs.get(), st.next_obs.get(), sizeof(float) * rows * d));
-  QS_RETURN_IF_ERROR(upload(st.dev_actions.get(), st.actions.get(), sizeof(int32_t) * rows * nb));
-  QS_RETURN_IF_ERROR(upload(st.dev_rewards.get(), st.rewards.get(), sizeof(float) * rows));
-  QS_RETURN_IF_ERROR(upload(st.dev_discounts.get(), st.discounts.get(), sizeof(float) * rows));
+  if (rows == staging_rows_) {
+    QS_CUDA_CHECK(cudaMemcpyAsync(dev, host, sizeof(float) * layout_.words, cudaMemcpyHostToDevice, up));
+  } else {
+    const size_t obs_pitch = sizeof(float) * (layout_.next_obs - layout_.obs);
+    QS_CUDA_CHECK(cudaMemcpy2DAsync(dev + layout_.obs, obs_pitch, host + layout_.obs, obs_pitch,
+                                    sizeof(float) * rows * d, 2, cudaMemcpyHostToDevice, up));
+    QS_CUDA_CHECK(cudaMemcpyAsync(dev + layout_.actions, host + layout_.actions, sizeof(int32_t) * rows * nb,
+                                  cudaMemcpyHostToDevice, up));
+    const size_t scalar_pitch = sizeof(float) * (layout_.discounts - layout_.rewards);
+    QS_CUDA_CHECK(cudaMemcpy2DAsync(dev + layout_.rewards, scalar_pitch, host + layout_.rewards, scalar_pitch,
+                                    sizeof(float) * rows, 2, cudaMemcpyHostToDevice, up));
+  }
   QS_CUDA_CHECK(cudaEventRecord(st.uploaded.get(), up));
 
-  // 2. Learner stream, after the steps before it and the upload: device
-  //    staging -> ring at the cursor, then the commit.
+  // 2. Learner stream, after the steps before it and the upload: one kernel
+  //    moves device staging into the ring at the cursor and commits it.
   QS_CUDA_CHECK(cudaStreamWaitEvent(stream_, st.uploaded.get(), 0));
-  const int64_t first_slot = cursor_;
-  // The ring wraps at most once per upload (rows <= capacity).
-  const int64_t head = std::min(rows, capacity_ - first_slot);
-  const int64_t tail = rows - head;
-  auto copy = [&](int64_t src_row, int64_t dst_slot, int64_t count) -> absl::Status {
-    if (count == 0) return absl::OkStatus();
-    QS_CUDA_CHECK(cudaMemcpyAsync(obs_.get() + dst_slot * d, st.dev_obs.get() + src_row * d,
-                                  sizeof(float) * count * d, cudaMemcpyDeviceToDevice, stream_));
-    QS_CUDA_CHECK(cudaMemcpyAsync(next_obs_.get() + dst_slot * d, st.dev_next_obs.get() + src_row * d,
-                                  sizeof(float) * count * d, cudaMemcpyDeviceToDevice, stream_));
-    QS_CUDA_CHECK(cudaMemcpyAsync(actions_.get() + dst_slot * nb, st.dev_actions.get() + src_row * nb,
-                                  sizeof(int32_t) * count * nb, cudaMemcpyDeviceToDevice, stream_));
-    QS_CUDA_CHECK(cudaMemcpyAsync(rewards_.get() + dst_slot, st.dev_rewards.get() + src_row,
-                                  sizeof(float) * count, cudaMemcpyDeviceToDevice, stream_));
-    QS_CUDA_CHECK(cudaMemcpyAsync(discounts_.get() + dst_slot, st.dev_discounts.get() + src_row,
-                                  sizeof(float) * count, cudaMemcpyDeviceToDevice, stream_));
-    return absl::OkStatus();
-  };
-  if (absl::Status s = copy(0, first_slot, head); !s.ok()) return s;
-  if (absl::Status s = copy(head, 0, tail); !s.ok()) return s;
-  cursor_ = (first_slot + rows) % capacity_;
-  size_ = std::min(size_ + rows, capacity_);
-
   kernels::ReplayCommitArgs commit;
-  commit.priorities = priorities_.get();
-  commit.capacity = capacity_;
-  commit.first_slot = first_slot;
-  commit.count = rows;
+  commit.staged.obs = dev + layout_.obs;
+  commit.staged.next_obs = dev + layout_.next_obs;
+  commit.staged.actions = reinterpret_cast<const int32_t*>(dev + layout_.actions);
+  commit.staged.rewards = dev + layout_.rewards;
+  commit.staged.discounts = dev + layout_.discounts;
+  commit.ring = columns();
+  commit.first_slot = cursor_;
+  commit.count = rows;  // <= staging_rows_ <= capacity_: the ring wraps at most once
+  cursor_ = (cursor_ + rows) % capacity_;
+  size_ = std::min(size_ + rows, capacity_);
   commit.new_size = size_;
   commit.new_cursor = cursor_;
   commit.state = state_;

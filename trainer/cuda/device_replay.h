@@ -64,17 +64,23 @@ class DeviceReplay {
   kernels::ReplayColumns columns() const;
 
  private:
+  // One chunk of rows on its way to the ring: the host side (pinned) and the
+  // device side in the same layout, one block of 32-bit words with a region
+  // per column of staging_rows rows each (StagedRows): obs, next_obs,
+  // actions, rewards, discounts. A full chunk is one upload; a partial one
+  // three (obs and next_obs together, actions, rewards and discounts together).
   struct Staging {
-    PinnedBuffer<float> obs, next_obs, rewards, discounts;
-    PinnedBuffer<int32_t> actions;
-    // The device side: what the copy stream uploads and the learner stream
-    // moves into the ring.
-    DeviceBuffer<float> dev_obs, dev_next_obs, dev_rewards, dev_discounts;
-    DeviceBuffer<int32_t> dev_actions;
-    Event uploaded;  // copy stream: the host buffer has been read (it may be refilled)
-    Event consumed;  // learner stream: the device buffer has been read (it may be uploaded to)
+    PinnedBuffer<float> host;
+    DeviceBuffer<float> dev;  // what the copy stream uploads and the learner stream moves into the ring
+    Event uploaded;           // copy stream: the host buffer has been read (it may be refilled)
+    Event consumed;           // learner stream: the device buffer has been read (it may be uploaded to)
     bool in_flight = false;
   };
+  // Word offsets of the column regions in a staging block, and its size.
+  struct StagingLayout {
+    size_t obs = 0, next_obs = 0, actions = 0, rewards = 0, discounts = 0, words = 0;
+  };
+  static StagingLayout LayoutFor(int64_t rows, int obs_dim, int num_branches);
 
   DeviceReplay(const NetworkSpec& spec, int64_t capacity, int64_t staging_rows, cudaStream_t stream,
                kernels::DeviceState* state);
@@ -83,8 +89,8 @@ class DeviceReplay {
   absl::StatusOr<Staging*> AcquireStaging();
   // Copies `rows` rows of `batch` from `first_row` into staging rows [at, at + rows).
   void Pack(const TransitionColumns& batch, int64_t first_row, int64_t rows, Staging* st, int64_t at) const;
-  // Uploads staging rows [0, rows) and (in learner-stream order) copies them
-  // to the ring at the cursor and commits them.
+  // Uploads staging rows [0, rows) and (in learner-stream order) moves them
+  // into the ring at the cursor and commits them: one kernel.
   absl::Status Commit(Staging* st, int64_t rows);
 
   const int obs_dim_;
@@ -92,6 +98,7 @@ class DeviceReplay {
   const std::vector<int> branch_actions_;
   const int64_t capacity_;
   const int64_t staging_rows_;
+  const StagingLayout layout_;
   cudaStream_t stream_;
   kernels::DeviceState* state_;
   Stream copy_stream_;  // uploads into the device staging buffers
