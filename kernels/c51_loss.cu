@@ -7,6 +7,7 @@
 
 #include "common/step_constants.h"
 #include "kernels/is_weight.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/warp_reduce.cuh"
 
 namespace qstream::kernels {
@@ -218,6 +219,7 @@ __device__ __forceinline__ void StageRows(StagedRows* r, int Z, int AZ, float* _
 // of them is a shared-memory load (not a generic one).
 template <int kAtomsPerLane, bool kOptions, bool kStaged>
 __global__ void __launch_bounds__(kLossWarps * 32) C51LossKernel(C51LossArgs a) {
+  WaitForPredecessor();
   extern __shared__ float smem[];
   const HeadShape& h = a.head;
   const int Z = h.num_atoms;
@@ -533,14 +535,15 @@ constexpr size_t kStagedSharedLimit = 48 * 1024;
 
 template <bool kOptions, bool kStaged>
 cudaError_t LaunchLossKernel(const C51LossArgs& a, size_t smem, cudaStream_t stream) {
+  void (*kernel)(C51LossArgs) = nullptr;
   switch (AtomsPerLane(a.head.num_atoms)) {
-    case 1: C51LossKernel<1, kOptions, kStaged><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
-    case 2: C51LossKernel<2, kOptions, kStaged><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
-    case 4: C51LossKernel<4, kOptions, kStaged><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
-    case 8: C51LossKernel<8, kOptions, kStaged><<<a.batch, kLossWarps * 32, smem, stream>>>(a); break;
+    case 1: kernel = C51LossKernel<1, kOptions, kStaged>; break;
+    case 2: kernel = C51LossKernel<2, kOptions, kStaged>; break;
+    case 4: kernel = C51LossKernel<4, kOptions, kStaged>; break;
+    case 8: kernel = C51LossKernel<8, kOptions, kStaged>; break;
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
+  return LaunchDependent(kernel, a.batch, kLossWarps * 32, smem, stream, a);
 }
 
 template <bool kOptions>

@@ -6,6 +6,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/launch.cuh"
+
 namespace qstream::kernels {
 namespace {
 
@@ -273,6 +275,7 @@ __device__ __forceinline__ int OpStages(const FusedOp& op) {
 
 template <int P, int kRows>
 __global__ void __launch_bounds__(kChainThreads) FusedChainKernel(const FusedProgram* __restrict__ prog) {
+  WaitForPredecessor();
   using T = Elem<P>;
   using Shared = ChainShared<P, kRows>;
   constexpr int kStages = Shared::kStages;
@@ -508,6 +511,7 @@ constexpr size_t GradSharedBytes() {
 template <int P>
 __global__ void __launch_bounds__(kFusedThreads)
     WeightGradKernel(const GradProgram* __restrict__ prog, float* __restrict__ partials) {
+  WaitForPredecessor();
   using T = Elem<P>;
   constexpr bool kTensor = P != int(Precision::kFp32);
   constexpr int kK = P == int(Precision::kBf16) ? 16 : 8;
@@ -663,6 +667,7 @@ __device__ __forceinline__ void PackStore(const PackJob& job, int64_t d, float v
 
 template <int P>
 __global__ void __launch_bounds__(kPackThreads) PackKernel(const PackProgram* __restrict__ prog) {
+  WaitForPredecessor();
   __shared__ float tile[kPackTile][kPackTile + 1];
   const PackJob& job = prog->jobs[blockIdx.y];
   const int tiles_c = (job.cols + kPackTile - 1) / kPackTile;
@@ -702,8 +707,8 @@ cudaError_t LaunchChain(const FusedProgram& program, const FusedProgram* device_
   cudaError_t err = cudaFuncSetAttribute(
       FusedChainKernel<P, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
-  FusedChainKernel<P, kRows><<<program.num_blocks, kChainThreads, bytes, stream>>>(device_program);
-  return cudaGetLastError();
+  return LaunchDependent(FusedChainKernel<P, kRows>, program.num_blocks, kChainThreads, bytes, stream,
+                         device_program);
 }
 
 template <int P>
@@ -755,8 +760,7 @@ cudaError_t LaunchGrad(const GradProgram& p, const GradProgram* device_program, 
   const cudaError_t err = cudaFuncSetAttribute(
       WeightGradKernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
-  WeightGradKernel<P><<<p.num_tiles, kFusedThreads, bytes, stream>>>(device_program, partials);
-  return cudaGetLastError();
+  return LaunchDependent(WeightGradKernel<P>, p.num_tiles, kFusedThreads, bytes, stream, device_program, partials);
 }
 
 cudaError_t LaunchWeightGrad(const GradProgram& p, const GradProgram* device_program, float* partials,
@@ -771,11 +775,10 @@ cudaError_t LaunchWeightGrad(const GradProgram& p, const GradProgram* device_pro
 cudaError_t LaunchPack(const PackProgram& p, const PackProgram* device_program, cudaStream_t stream) {
   const dim3 grid(64, p.num_jobs);  // 64 tiles of 32 x 32 = a 256 x 256 layer in one pass
   switch (p.precision) {
-    case Precision::kBf16: PackKernel<2><<<grid, kPackThreads, 0, stream>>>(device_program); break;
-    case Precision::kTf32: PackKernel<1><<<grid, kPackThreads, 0, stream>>>(device_program); break;
-    default: PackKernel<0><<<grid, kPackThreads, 0, stream>>>(device_program); break;
+    case Precision::kBf16: return LaunchDependent(PackKernel<2>, grid, kPackThreads, 0, stream, device_program);
+    case Precision::kTf32: return LaunchDependent(PackKernel<1>, grid, kPackThreads, 0, stream, device_program);
+    default: return LaunchDependent(PackKernel<0>, grid, kPackThreads, 0, stream, device_program);
   }
-  return cudaGetLastError();
 }
 
 }  // namespace qstream::kernels

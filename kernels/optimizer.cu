@@ -1,6 +1,7 @@
 #include "kernels/optimizer.h"
 
 #include "common/step_constants.h"
+#include "kernels/launch.cuh"
 #include "kernels/warp_reduce.cuh"
 
 namespace qstream::kernels {
@@ -10,6 +11,7 @@ constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) GradSumSquaresKernel(const float* __restrict__ g, int64_t n,
                                                                  float* __restrict__ partials) {
+  WaitForPredecessor();
   __shared__ float scratch[kThreads / 32];
   const int64_t chunk = (n + gridDim.x - 1) / gridDim.x;
   const int64_t begin = blockIdx.x * chunk;
@@ -21,6 +23,7 @@ __global__ void __launch_bounds__(kThreads) GradSumSquaresKernel(const float* __
 }
 
 __global__ void __launch_bounds__(kThreads) AdamTargetKernel(AdamArgs a) {
+  WaitForPredecessor();
   const DeviceState* s = a.state;
   const bool apply = s->apply != 0;
   const float scale = s->clip_scale;
@@ -60,13 +63,11 @@ int GridFor(int64_t n) {
 }  // namespace
 
 cudaError_t LaunchGradSumSquares(const float* grads, int64_t n, float* partials, cudaStream_t stream) {
-  GradSumSquaresKernel<<<kNormBlocks, kThreads, 0, stream>>>(grads, n, partials);
-  return cudaGetLastError();
+  return LaunchDependent(GradSumSquaresKernel, kNormBlocks, kThreads, 0, stream, grads, n, partials);
 }
 
 cudaError_t LaunchAdamTarget(const AdamArgs& a, cudaStream_t stream) {
-  AdamTargetKernel<<<GridFor(a.n), kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return LaunchDependent(AdamTargetKernel, GridFor(a.n), kThreads, 0, stream, a);
 }
 
 }  // namespace qstream::kernels

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/rng.h"
+#include "kernels/launch.cuh"
 
 namespace qstream::kernels {
 namespace {
@@ -80,6 +81,7 @@ __device__ __forceinline__ int WarpUpperBound(const uint64_t* prefix, int n, uin
 __global__ void __launch_bounds__(kChunkThreads)
     ChunkSumsKernel(const float* __restrict__ p, int64_t capacity, int chunk_log2, float scale,
                     uint64_t* __restrict__ chunk, uint64_t* __restrict__ sub) {
+  WaitForPredecessor();
   __shared__ uint64_t sub_sums[kSubChunks];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
@@ -174,6 +176,7 @@ __device__ __forceinline__ int64_t SearchChunk(const float* __restrict__ p, int6
 // the gather on, the warp then copies the sampled row.
 __global__ void __launch_bounds__(kSampleThreads)
     StratifiedSampleKernel(PrioritySampleArgs a, int chunk_log2, int chunks) {
+  WaitForPredecessor();
   __shared__ uint64_t prefix[kMaxPriorityChunks];
   __shared__ uint64_t warp_totals[kSampleWarps];
   ScanChunkSums(a.sums, chunks, prefix, warp_totals);
@@ -253,13 +256,12 @@ cudaError_t LaunchPrioritySample(const PrioritySampleArgs& a, cudaStream_t strea
   if (capacity <= 0) return cudaErrorInvalidValue;
   const int chunk_log2 = PriorityChunkLog2(capacity);
   const int chunks = static_cast<int>(PriorityChunks(capacity));
-  ChunkSumsKernel<<<chunks, kChunkThreads, 0, stream>>>(
-      a.replay.priorities, capacity, chunk_log2, std::ldexp(1.0f, a.fixed_shift), a.sums, a.sums + chunks);
-  cudaError_t err = cudaGetLastError();
+  const cudaError_t err =
+      LaunchDependent(ChunkSumsKernel, chunks, kChunkThreads, 0, stream, a.replay.priorities, capacity, chunk_log2,
+                      std::ldexp(1.0f, a.fixed_shift), a.sums, a.sums + chunks);
   if (err != cudaSuccess || a.batch <= 0) return err;
-  StratifiedSampleKernel<<<(a.batch + kSampleWarps - 1) / kSampleWarps, kSampleThreads, 0, stream>>>(
-      a, chunk_log2, chunks);
-  return cudaGetLastError();
+  return LaunchDependent(StratifiedSampleKernel, (a.batch + kSampleWarps - 1) / kSampleWarps, kSampleThreads, 0,
+                         stream, a, chunk_log2, chunks);
 }
 
 }  // namespace qstream::kernels

@@ -1,6 +1,7 @@
 #include "kernels/step_finalize.h"
 
 #include "kernels/is_weight.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/warp_reduce.cuh"
 
 namespace qstream::kernels {
@@ -41,6 +42,7 @@ __device__ BatchSums ReduceBatch(const FinalizeArgs& a, float* scratch) {
 }
 
 __global__ void __launch_bounds__(kFinalizeThreads) GroupGuardInputsKernel(FinalizeArgs a, float* out) {
+  WaitForPredecessor();
   __shared__ float scratch[kFinalizeThreads / 32];
   const BatchSums r = ReduceBatch(a, scratch);
   if (threadIdx.x == 0) {
@@ -50,6 +52,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) GroupGuardInputsKernel(Final
 }
 
 __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs a) {
+  WaitForPredecessor();
   extern __shared__ int32_t sh_idx[];  // B
   __shared__ float scratch[kFinalizeThreads / 32];
   __shared__ int32_t sh_apply;
@@ -135,13 +138,11 @@ __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs 
 }  // namespace
 
 cudaError_t LaunchGroupGuardInputs(const FinalizeArgs& a, float* out, cudaStream_t stream) {
-  GroupGuardInputsKernel<<<1, kFinalizeThreads, 0, stream>>>(a, out);
-  return cudaGetLastError();
+  return LaunchDependent(GroupGuardInputsKernel, 1, kFinalizeThreads, 0, stream, a, out);
 }
 
 cudaError_t LaunchFinalize(const FinalizeArgs& a, cudaStream_t stream) {
-  FinalizeKernel<<<1, kFinalizeThreads, sizeof(int32_t) * a.batch, stream>>>(a);
-  return cudaGetLastError();
+  return LaunchDependent(FinalizeKernel, 1, kFinalizeThreads, sizeof(int32_t) * a.batch, stream, a);
 }
 
 }  // namespace qstream::kernels

@@ -1,6 +1,7 @@
 // The whole CUDA step against the CPU backend (the oracle) on the same
 // inserted data, bitwise reproducibility, the in-graph guard, asynchronous
 // statistics and step times.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -398,6 +399,59 @@ TEST(CudaBackend, H200FusedAndCublasPathsAgree) {
   const double err = RelError(params[0], params[1]);
   std::cout << "[ info ] h200 fp32 fused vs cublaslt params rel error after 5 steps: " << err << "\n";
   EXPECT_LE(err, 1e-5);
+}
+
+// Programmatic dependent launch (kernels/launch.h) changes when a kernel's
+// blocks start, never what they compute: 20 steps with it off and on are
+// bitwise equal on both network paths and all three precisions, for the test
+// network at B = 32 and the h200 network at B = 1024.
+TEST(CudaBackend, DependentLaunchChangesNoBit) {
+  QS_SKIP_WITHOUT_GPU();
+  int dev = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  if (major < 9) GTEST_SKIP() << "programmatic dependent launch needs compute capability 9.0";
+  auto h200 = BenchConfig("h200");
+  ASSERT_TRUE(h200.ok());
+  h200->mutable_replay()->set_batch_size(1024);
+  h200->mutable_replay()->set_capacity(8192);
+  h200->mutable_rate_limiter()->set_min_size_to_sample(1);
+  h200->mutable_server()->set_stats_every(1);
+  for (bool big : {false, true}) {
+    for (Precision precision : {v1::TrainerConfig::FP32, v1::TrainerConfig::TF32, v1::TrainerConfig::BF16}) {
+      for (const char* path : {"fused", "cublas"}) {
+        v1::TrainerConfig c = big ? *h200 : TestConfig(precision);
+        c.set_matmul_precision(precision);
+        SCOPED_TRACE(std::string(big ? "h200/1024 " : "test network/32 ") +
+                     v1::TrainerConfig::MatmulPrecision_Name(precision) + " " + path);
+        std::vector<float> params[2];
+        StepStats stats[2];
+        for (int pdl = 0; pdl < 2; ++pdl) {
+          setenv("QSTREAM_CUDA_PATH", path, 1);
+          setenv("QSTREAM_CUDA_PDL", pdl == 1 ? "1" : "0", 1);
+          auto b = MustCreate(c, true);
+          unsetenv("QSTREAM_CUDA_PATH");
+          unsetenv("QSTREAM_CUDA_PDL");
+          ASSERT_TRUE(b);
+          EXPECT_EQ(b->device().find("[dependent launch]") != std::string::npos, pdl == 1) << b->device();
+          if (big) {
+            ASSERT_TRUE(b->Insert(RandomTransitions(c, 3000, 11)).ok());
+          } else {
+            Fill(b.get(), c);
+          }
+          for (int step = 0; step < 20; ++step) ASSERT_TRUE(b->Step().ok());
+          params[pdl] = b->GetParams();
+          stats[pdl] = b->last_stats();
+        }
+        ASSERT_EQ(params[0].size(), params[1].size());
+        EXPECT_EQ(std::memcmp(params[0].data(), params[1].data(), params[0].size() * sizeof(float)), 0);
+        EXPECT_EQ(std::bit_cast<uint32_t>(stats[0].loss), std::bit_cast<uint32_t>(stats[1].loss));
+        EXPECT_EQ(std::bit_cast<uint32_t>(stats[0].grad_norm), std::bit_cast<uint32_t>(stats[1].grad_norm));
+        EXPECT_EQ(stats[0].step, 20);
+        EXPECT_EQ(stats[1].step, 20);
+      }
+    }
+  }
 }
 
 TEST(CudaBackend, BenchConfigH200Runs) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/c51_loss.h"
+#include "kernels/launch.h"
 #include "kernels/optimizer.h"
 #include "kernels/per_sample.h"
 #include "kernels/step_finalize.h"
@@ -52,7 +54,9 @@ class CudaBackend final : public Backend {
                                                          const DistributedGroup* group);
 
   std::string name() const override { return "cuda"; }
-  std::string device() const override { return device_name_ + " [" + path_ + "]"; }
+  std::string device() const override {
+    return device_name_ + " [" + path_ + "]" + (dependent_launch_ ? " [dependent launch]" : "");
+  }
   DeviceMemory device_memory() const override { return device_memory_; }
   const NetworkSpec& spec() const override { return spec_; }
 
@@ -131,6 +135,9 @@ class CudaBackend final : public Backend {
   const kernels::Precision precision_;
   std::string device_name_;
   std::string path_;  // which network path runs, and why
+  // The step's kernels launch as programmatic dependents (kernels/launch.h):
+  // on 9.0+ devices unless QSTREAM_CUDA_PDL=0.
+  bool dependent_launch_ = false;
 
   mutable absl::Mutex mu_;
   cuda::Stream stream_;
@@ -237,6 +244,8 @@ absl::Status CudaBackend::Init() {
   cudaDeviceProp prop{};
   QS_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   device_name_ = prop.name;
+  const char* env_pdl = std::getenv("QSTREAM_CUDA_PDL");
+  dependent_launch_ = prop.major >= 9 && !(env_pdl != nullptr && std::string(env_pdl) == "0");
 
   QS_RETURN_IF_ERROR(cuda::CreateStream(&stream_));
   QS_RETURN_IF_ERROR(state_.Allocate(1));
@@ -348,7 +357,11 @@ absl::Status CudaBackend::InitGroup() {
 
 absl::Status CudaBackend::CaptureStep() {
   QS_CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
-  const absl::Status enqueued = EnqueueStep();
+  absl::Status enqueued;
+  {
+    const kernels::DependentLaunchScope dependent(dependent_launch_);
+    enqueued = EnqueueStep();
+  }
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream_.get(), &graph);
   graph_.Reset(graph);
