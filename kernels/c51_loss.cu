@@ -543,7 +543,7 @@ cudaError_t LaunchLossKernel(const C51LossArgs& a, size_t smem, cudaStream_t str
     case 8: kernel = C51LossKernel<8, kOptions, kStaged>; break;
     default: return cudaErrorInvalidValue;
   }
-  return LaunchDependent(kernel, a.batch, kLossWarps * 32, smem, stream, a);
+  return LaunchDependent(StepKernel::kLoss, kernel, a.batch, kLossWarps * 32, smem, stream, a);
 }
 
 template <bool kOptions>

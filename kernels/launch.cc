@@ -3,13 +3,13 @@
 namespace qstream::kernels {
 namespace {
 
-thread_local bool dependent_launch = false;
+thread_local uint32_t dependent_launch = 0;
 
 }  // namespace
 
-bool DependentLaunch() { return dependent_launch; }
+bool DependentLaunch(StepKernel kernel) { return (dependent_launch >> static_cast<int>(kernel)) & 1u; }
 
-DependentLaunchScope::DependentLaunchScope(bool on) : previous_(dependent_launch) { dependent_launch = on; }
+DependentLaunchScope::DependentLaunchScope(uint32_t mask) : previous_(dependent_launch) { dependent_launch = mask; }
 
 DependentLaunchScope::~DependentLaunchScope() { dependent_launch = previous_; }
 

@@ -27,9 +27,9 @@ __device__ __forceinline__ void WaitForPredecessor() {
 }
 
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), with the
-// programmatic stream serialization attribute when DependentLaunch().
+// programmatic stream serialization attribute when DependentLaunch(which).
 template <typename... Params, typename... Args>
-cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+cudaError_t LaunchDependent(StepKernel which, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
                             cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
@@ -37,7 +37,7 @@ cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, si
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   cudaLaunchAttribute attribute[1] = {};
-  if (DependentLaunch()) {
+  if (DependentLaunch(which)) {
     attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attribute[0].val.programmaticStreamSerializationAllowed = 1;
     config.attrs = attribute;

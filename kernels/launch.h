@@ -7,21 +7,38 @@
 // replay's insert kernel) it launches as before.
 #pragma once
 
+#include <cstdint>
+
 namespace qstream::kernels {
 
-// Whether this thread's step launchers add the dependent-launch attribute.
-bool DependentLaunch();
+// The step's kernels that can launch as dependents, one bit each in a mask.
+enum class StepKernel : int {
+  kChunkSums,
+  kSample,
+  kPack,
+  kChain,
+  kLoss,
+  kWeightGrad,
+  kFinalize,
+  kGradNorm,
+  kAdam,
+  kCount,
+};
+inline constexpr uint32_t kAllStepKernels = (1u << static_cast<int>(StepKernel::kCount)) - 1;
 
-// Sets DependentLaunch() for this thread until it goes out of scope.
+// Whether this thread's launcher of `kernel` adds the dependent-launch attribute.
+bool DependentLaunch(StepKernel kernel);
+
+// Sets the mask DependentLaunch() reads on this thread until it goes out of scope.
 class DependentLaunchScope {
  public:
-  explicit DependentLaunchScope(bool on);
+  explicit DependentLaunchScope(uint32_t mask);
   ~DependentLaunchScope();
   DependentLaunchScope(const DependentLaunchScope&) = delete;
   DependentLaunchScope& operator=(const DependentLaunchScope&) = delete;
 
  private:
-  bool previous_;
+  uint32_t previous_;
 };
 
 }  // namespace qstream::kernels

@@ -257,10 +257,10 @@ cudaError_t LaunchPrioritySample(const PrioritySampleArgs& a, cudaStream_t strea
   const int chunk_log2 = PriorityChunkLog2(capacity);
   const int chunks = static_cast<int>(PriorityChunks(capacity));
   const cudaError_t err =
-      LaunchDependent(ChunkSumsKernel, chunks, kChunkThreads, 0, stream, a.replay.priorities, capacity, chunk_log2,
+      LaunchDependent(StepKernel::kChunkSums, ChunkSumsKernel, chunks, kChunkThreads, 0, stream, a.replay.priorities, capacity, chunk_log2,
                       std::ldexp(1.0f, a.fixed_shift), a.sums, a.sums + chunks);
   if (err != cudaSuccess || a.batch <= 0) return err;
-  return LaunchDependent(StratifiedSampleKernel, (a.batch + kSampleWarps - 1) / kSampleWarps, kSampleThreads, 0,
+  return LaunchDependent(StepKernel::kSample, StratifiedSampleKernel, (a.batch + kSampleWarps - 1) / kSampleWarps, kSampleThreads, 0,
                          stream, a, chunk_log2, chunks);
 }
 

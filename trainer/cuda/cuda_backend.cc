@@ -55,7 +55,7 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return "cuda"; }
   std::string device() const override {
-    return device_name_ + " [" + path_ + "]" + (dependent_launch_ ? " [dependent launch]" : "");
+    return device_name_ + " [" + path_ + "]" + (dependent_launch_ != 0 ? " [dependent launch]" : "");
   }
   DeviceMemory device_memory() const override { return device_memory_; }
   const NetworkSpec& spec() const override { return spec_; }
@@ -137,7 +137,7 @@ class CudaBackend final : public Backend {
   std::string path_;  // which network path runs, and why
   // The step's kernels launch as programmatic dependents (kernels/launch.h):
   // on 9.0+ devices unless QSTREAM_CUDA_PDL=0.
-  bool dependent_launch_ = false;
+  uint32_t dependent_launch_ = 0;  // kernels::StepKernel bits
 
   mutable absl::Mutex mu_;
   cuda::Stream stream_;
@@ -245,7 +245,10 @@ absl::Status CudaBackend::Init() {
   QS_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   device_name_ = prop.name;
   const char* env_pdl = std::getenv("QSTREAM_CUDA_PDL");
-  dependent_launch_ = prop.major >= 9 && !(env_pdl != nullptr && std::string(env_pdl) == "0");
+  const char* env_pdl_kernels = std::getenv("QSTREAM_CUDA_PDL_KERNELS");  // diagnostic: a mask of StepKernel bits
+  dependent_launch_ = prop.major < 9 || (env_pdl != nullptr && std::string(env_pdl) == "0") ? 0
+                      : env_pdl_kernels != nullptr ? static_cast<uint32_t>(std::strtoul(env_pdl_kernels, nullptr, 0))
+                                                   : kernels::kAllStepKernels;
 
   QS_RETURN_IF_ERROR(cuda::CreateStream(&stream_));
   QS_RETURN_IF_ERROR(state_.Allocate(1));
