@@ -707,8 +707,8 @@ cudaError_t LaunchChain(const FusedProgram& program, const FusedProgram* device_
   cudaError_t err = cudaFuncSetAttribute(
       FusedChainKernel<P, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
-  return LaunchDependent(StepKernel::kChain, FusedChainKernel<P, kRows>, program.num_blocks, kChainThreads, bytes, stream,
-                         device_program);
+  return LaunchDependent(StepKernel::kChain, FusedChainKernel<P, kRows>, program.num_blocks, kChainThreads,
+                         bytes, stream, device_program);
 }
 
 template <int P>
@@ -760,7 +760,8 @@ cudaError_t LaunchGrad(const GradProgram& p, const GradProgram* device_program, 
   const cudaError_t err = cudaFuncSetAttribute(
       WeightGradKernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
-  return LaunchDependent(StepKernel::kWeightGrad, WeightGradKernel<P>, p.num_tiles, kFusedThreads, bytes, stream, device_program, partials);
+  return LaunchDependent(StepKernel::kWeightGrad, WeightGradKernel<P>, p.num_tiles, kFusedThreads, bytes,
+                         stream, device_program, partials);
 }
 
 cudaError_t LaunchWeightGrad(const GradProgram& p, const GradProgram* device_program, float* partials,
@@ -775,9 +776,12 @@ cudaError_t LaunchWeightGrad(const GradProgram& p, const GradProgram* device_pro
 cudaError_t LaunchPack(const PackProgram& p, const PackProgram* device_program, cudaStream_t stream) {
   const dim3 grid(64, p.num_jobs);  // 64 tiles of 32 x 32 = a 256 x 256 layer in one pass
   switch (p.precision) {
-    case Precision::kBf16: return LaunchDependent(StepKernel::kPack, PackKernel<2>, grid, kPackThreads, 0, stream, device_program);
-    case Precision::kTf32: return LaunchDependent(StepKernel::kPack, PackKernel<1>, grid, kPackThreads, 0, stream, device_program);
-    default: return LaunchDependent(StepKernel::kPack, PackKernel<0>, grid, kPackThreads, 0, stream, device_program);
+    case Precision::kBf16:
+      return LaunchDependent(StepKernel::kPack, PackKernel<2>, grid, kPackThreads, 0, stream, device_program);
+    case Precision::kTf32:
+      return LaunchDependent(StepKernel::kPack, PackKernel<1>, grid, kPackThreads, 0, stream, device_program);
+    default:
+      return LaunchDependent(StepKernel::kPack, PackKernel<0>, grid, kPackThreads, 0, stream, device_program);
   }
 }
 

@@ -29,8 +29,8 @@ __device__ __forceinline__ void WaitForPredecessor() {
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), with the
 // programmatic stream serialization attribute when DependentLaunch(which).
 template <typename... Params, typename... Args>
-cudaError_t LaunchDependent(StepKernel which, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-                            cudaStream_t stream, Args&&... args) {
+cudaError_t LaunchDependent(StepKernel which, void (*kernel)(Params...), dim3 grid, dim3 block,
+                            size_t shared_bytes, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;

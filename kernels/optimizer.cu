@@ -63,7 +63,8 @@ int GridFor(int64_t n) {
 }  // namespace
 
 cudaError_t LaunchGradSumSquares(const float* grads, int64_t n, float* partials, cudaStream_t stream) {
-  return LaunchDependent(StepKernel::kGradNorm, GradSumSquaresKernel, kNormBlocks, kThreads, 0, stream, grads, n, partials);
+  return LaunchDependent(StepKernel::kGradNorm, GradSumSquaresKernel, kNormBlocks, kThreads, 0, stream, grads,
+                         n, partials);
 }
 
 cudaError_t LaunchAdamTarget(const AdamArgs& a, cudaStream_t stream) {

@@ -256,12 +256,13 @@ cudaError_t LaunchPrioritySample(const PrioritySampleArgs& a, cudaStream_t strea
   if (capacity <= 0) return cudaErrorInvalidValue;
   const int chunk_log2 = PriorityChunkLog2(capacity);
   const int chunks = static_cast<int>(PriorityChunks(capacity));
-  const cudaError_t err =
-      LaunchDependent(StepKernel::kChunkSums, ChunkSumsKernel, chunks, kChunkThreads, 0, stream, a.replay.priorities, capacity, chunk_log2,
-                      std::ldexp(1.0f, a.fixed_shift), a.sums, a.sums + chunks);
+  const cudaError_t err = LaunchDependent(StepKernel::kChunkSums, ChunkSumsKernel, chunks, kChunkThreads, 0,
+                                          stream, a.replay.priorities, capacity, chunk_log2,
+                                          std::ldexp(1.0f, a.fixed_shift), a.sums, a.sums + chunks);
   if (err != cudaSuccess || a.batch <= 0) return err;
-  return LaunchDependent(StepKernel::kSample, StratifiedSampleKernel, (a.batch + kSampleWarps - 1) / kSampleWarps, kSampleThreads, 0,
-                         stream, a, chunk_log2, chunks);
+  return LaunchDependent(StepKernel::kSample, StratifiedSampleKernel,
+                         (a.batch + kSampleWarps - 1) / kSampleWarps, kSampleThreads, 0, stream, a,
+                         chunk_log2, chunks);
 }
 
 }  // namespace qstream::kernels

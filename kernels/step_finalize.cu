@@ -138,11 +138,13 @@ __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs 
 }  // namespace
 
 cudaError_t LaunchGroupGuardInputs(const FinalizeArgs& a, float* out, cudaStream_t stream) {
-  return LaunchDependent(StepKernel::kFinalize, GroupGuardInputsKernel, 1, kFinalizeThreads, 0, stream, a, out);
+  return LaunchDependent(StepKernel::kFinalize, GroupGuardInputsKernel, 1, kFinalizeThreads, 0, stream, a,
+                         out);
 }
 
 cudaError_t LaunchFinalize(const FinalizeArgs& a, cudaStream_t stream) {
-  return LaunchDependent(StepKernel::kFinalize, FinalizeKernel, 1, kFinalizeThreads, sizeof(int32_t) * a.batch, stream, a);
+  return LaunchDependent(StepKernel::kFinalize, FinalizeKernel, 1, kFinalizeThreads,
+                         sizeof(int32_t) * a.batch, stream, a);
 }
 
 }  // namespace qstream::kernels

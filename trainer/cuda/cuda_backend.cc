@@ -245,10 +245,12 @@ absl::Status CudaBackend::Init() {
   QS_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   device_name_ = prop.name;
   const char* env_pdl = std::getenv("QSTREAM_CUDA_PDL");
-  const char* env_pdl_kernels = std::getenv("QSTREAM_CUDA_PDL_KERNELS");  // diagnostic: a mask of StepKernel bits
+  const char* env_pdl_kernels =
+      std::getenv("QSTREAM_CUDA_PDL_KERNELS");  // diagnostic: a mask of StepKernel bits
   dependent_launch_ = prop.major < 9 || (env_pdl != nullptr && std::string(env_pdl) == "0") ? 0
-                      : env_pdl_kernels != nullptr ? static_cast<uint32_t>(std::strtoul(env_pdl_kernels, nullptr, 0))
-                                                   : kernels::kAllStepKernels;
+                      : env_pdl_kernels != nullptr
+                          ? static_cast<uint32_t>(std::strtoul(env_pdl_kernels, nullptr, 0))
+                          : kernels::kAllStepKernels;
 
   QS_RETURN_IF_ERROR(cuda::CreateStream(&stream_));
   QS_RETURN_IF_ERROR(state_.Allocate(1));
