@@ -402,9 +402,10 @@ TEST(CudaBackend, H200FusedAndCublasPathsAgree) {
 }
 
 // Programmatic dependent launch (kernels/launch.h) changes when a kernel's
-// blocks start, never what they compute: 20 steps with it off and on are
-// bitwise equal on both network paths and all three precisions, for the test
-// network at B = 32 and the h200 network at B = 1024.
+// blocks start, never what they compute: 20 steps with it off, with the
+// default kernels and with every step kernel as a dependent are bitwise
+// equal on both network paths and all three precisions, for the test network
+// at B = 32 and the h200 network at B = 1024.
 TEST(CudaBackend, DependentLaunchChangesNoBit) {
   QS_SKIP_WITHOUT_GPU();
   int dev = 0, major = 0;
@@ -417,6 +418,7 @@ TEST(CudaBackend, DependentLaunchChangesNoBit) {
   h200->mutable_replay()->set_capacity(8192);
   h200->mutable_rate_limiter()->set_min_size_to_sample(1);
   h200->mutable_server()->set_stats_every(1);
+  const char* const kModes[] = {"0", nullptr, "0x1ff"};  // off, the default, all
   for (bool big : {false, true}) {
     for (Precision precision : {v1::TrainerConfig::FP32, v1::TrainerConfig::TF32, v1::TrainerConfig::BF16}) {
       for (const char* path : {"fused", "cublas"}) {
@@ -424,33 +426,48 @@ TEST(CudaBackend, DependentLaunchChangesNoBit) {
         c.set_matmul_precision(precision);
         SCOPED_TRACE(std::string(big ? "h200/1024 " : "test network/32 ") +
                      v1::TrainerConfig::MatmulPrecision_Name(precision) + " " + path);
-        std::vector<float> params[2];
-        StepStats stats[2];
-        for (int pdl = 0; pdl < 2; ++pdl) {
+        std::vector<float> params[3];
+        StepStats stats[3];
+        for (int mode = 0; mode < 3; ++mode) {
           setenv("QSTREAM_CUDA_PATH", path, 1);
-          setenv("QSTREAM_CUDA_PDL", pdl == 1 ? "1" : "0", 1);
+          if (kModes[mode] != nullptr) setenv("QSTREAM_CUDA_PDL", kModes[mode], 1);
           auto b = MustCreate(c, true);
           unsetenv("QSTREAM_CUDA_PATH");
           unsetenv("QSTREAM_CUDA_PDL");
           ASSERT_TRUE(b);
-          EXPECT_EQ(b->device().find("[dependent launch]") != std::string::npos, pdl == 1) << b->device();
+          EXPECT_EQ(b->device().find("[dependent launch]") != std::string::npos, mode != 0) << b->device();
           if (big) {
             ASSERT_TRUE(b->Insert(RandomTransitions(c, 3000, 11)).ok());
           } else {
             Fill(b.get(), c);
           }
           for (int step = 0; step < 20; ++step) ASSERT_TRUE(b->Step().ok());
-          params[pdl] = b->GetParams();
-          stats[pdl] = b->last_stats();
+          params[mode] = b->GetParams();
+          stats[mode] = b->last_stats();
         }
-        ASSERT_EQ(params[0].size(), params[1].size());
-        EXPECT_EQ(std::memcmp(params[0].data(), params[1].data(), params[0].size() * sizeof(float)), 0);
-        EXPECT_EQ(std::bit_cast<uint32_t>(stats[0].loss), std::bit_cast<uint32_t>(stats[1].loss));
-        EXPECT_EQ(std::bit_cast<uint32_t>(stats[0].grad_norm), std::bit_cast<uint32_t>(stats[1].grad_norm));
+        for (int mode = 1; mode < 3; ++mode) {
+          SCOPED_TRACE(kModes[mode] != nullptr ? kModes[mode] : "default");
+          ASSERT_EQ(params[0].size(), params[mode].size());
+          EXPECT_EQ(std::memcmp(params[0].data(), params[mode].data(), params[0].size() * sizeof(float)), 0);
+          EXPECT_EQ(std::bit_cast<uint32_t>(stats[0].loss), std::bit_cast<uint32_t>(stats[mode].loss));
+          EXPECT_EQ(std::bit_cast<uint32_t>(stats[0].grad_norm),
+                    std::bit_cast<uint32_t>(stats[mode].grad_norm));
+          EXPECT_EQ(stats[mode].step, 20);
+        }
         EXPECT_EQ(stats[0].step, 20);
-        EXPECT_EQ(stats[1].step, 20);
       }
     }
+  }
+}
+
+TEST(CudaBackend, RejectsABadDependentLaunchSetting) {
+  QS_SKIP_WITHOUT_GPU();
+  for (const char* bad : {"yes", "0x400", "1x", ""}) {
+    setenv("QSTREAM_CUDA_PDL", bad, 1);
+    auto b = CreateCudaBackend(TestConfig(v1::TrainerConfig::TF32));
+    unsetenv("QSTREAM_CUDA_PDL");
+    ASSERT_FALSE(b.ok()) << "'" << bad << "'";
+    EXPECT_NE(b.status().message().find("QSTREAM_CUDA_PDL"), std::string::npos) << b.status();
   }
 }
 

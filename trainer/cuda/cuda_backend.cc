@@ -135,8 +135,8 @@ class CudaBackend final : public Backend {
   const kernels::Precision precision_;
   std::string device_name_;
   std::string path_;  // which network path runs, and why
-  // The step's kernels launch as programmatic dependents (kernels/launch.h):
-  // on 9.0+ devices unless QSTREAM_CUDA_PDL=0.
+  // Which of the step's kernels launch as programmatic dependents
+  // (kernels/launch.h): on 9.0+ devices, QSTREAM_CUDA_PDL or the default.
   uint32_t dependent_launch_ = 0;  // kernels::StepKernel bits
 
   mutable absl::Mutex mu_;
@@ -244,13 +244,21 @@ absl::Status CudaBackend::Init() {
   cudaDeviceProp prop{};
   QS_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   device_name_ = prop.name;
-  const char* env_pdl = std::getenv("QSTREAM_CUDA_PDL");
-  const char* env_pdl_kernels =
-      std::getenv("QSTREAM_CUDA_PDL_KERNELS");  // diagnostic: a mask of StepKernel bits
-  dependent_launch_ = prop.major < 9 || (env_pdl != nullptr && std::string(env_pdl) == "0") ? 0
-                      : env_pdl_kernels != nullptr
-                          ? static_cast<uint32_t>(std::strtoul(env_pdl_kernels, nullptr, 0))
-                          : kernels::kAllStepKernels;
+  // QSTREAM_CUDA_PDL: 0 off, 1 (or unset) kernels::kDefaultStepKernels,
+  // another number (e.g. 0x1ff: all) the mask of kernels::StepKernel bits
+  // that launch as dependents (a diagnostic).
+  dependent_launch_ = kernels::kDefaultStepKernels;
+  if (const char* env_pdl = std::getenv("QSTREAM_CUDA_PDL"); env_pdl != nullptr) {
+    char* end = nullptr;
+    const unsigned long mask = std::strtoul(env_pdl, &end, 0);
+    if (end == env_pdl || *end != '\0' || mask > kernels::kAllStepKernels) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("QSTREAM_CUDA_PDL: '", env_pdl,
+                       "' is not 0, 1 or a mask of step kernels <= ", kernels::kAllStepKernels));
+    }
+    if (mask != 1) dependent_launch_ = static_cast<uint32_t>(mask);
+  }
+  if (prop.major < 9) dependent_launch_ = 0;
 
   QS_RETURN_IF_ERROR(cuda::CreateStream(&stream_));
   QS_RETURN_IF_ERROR(state_.Allocate(1));
