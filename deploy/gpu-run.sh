@@ -10,6 +10,7 @@
 #   DEMO=1 [DEMO_SECONDS=60]: qstreamd --backend=cuda + CartPole actors via deploy/demo.sh,
 #   METRICS=1: qstreamd --backend=cuda under 5 s of load, its GPU, build and step-time series from /metrics,
 #   E2E=1 [E2E_SECONDS=20 E2E_STREAMS=8 E2E_KIND=nstep|step|step_stream]: qstream-bench e2e, qstreamd --backend=cuda under load streams,
+#   PDL_AB=1: the bench with programmatic dependent launch off and at its default, alternating (two rounds),
 #   BASE=1: with a base build staged as qstream-bench-base / qstreamd-base (gpu-stage.sh QSTREAM_STAGE_EXTRA),
 #     the bench runs base and this build alternating (two rounds) and E2E runs the base's daemon first,
 #   INGEST=1 [INGEST_PEERS=cpp INGEST_STREAMS=16 INGEST_ITEMS=1,64,1024 INGEST_CLIENTS=1,4]: bench/ingest_compare.py,
@@ -70,13 +71,24 @@ if [[ "${SKIP_BENCH:-0}" != 1 ]]; then
     bins="qstream-bench-base qstream-bench"
     rounds=2
   fi
+  # PDL_AB=1: each run twice, programmatic dependent launch off
+  # (QSTREAM_CUDA_PDL=0) then the default ("pdl" in each line), two rounds.
+  pdls="default"
+  if [[ "${PDL_AB:-0}" == 1 ]]; then
+    pdls="0 default"
+    rounds=2
+  fi
   for round in $(seq "$rounds"); do
     for b in $bins; do
       for path in ${PATHS:-fused cublas}; do
-        QSTREAM_CUDA_PATH=$path timeout 300 "$bin/$b" learner --backend=cuda --config="${CONFIGS:-h200,small}" \
-          --precision="${PRECISIONS:-fp32,tf32,bf16}" 2>> "$out/bench.log" | sed "s/^{/{\"bin\":\"$b\",\"round\":$round,/" \
-          >> "$out/bench.jsonl"
-        echo "$b $path round $round rc=${PIPESTATUS[0]}" >> "$summary"
+        for pdl in $pdls; do
+          pdl_env=()
+          [[ "$pdl" == default ]] || pdl_env=("QSTREAM_CUDA_PDL=$pdl")
+          env "${pdl_env[@]}" QSTREAM_CUDA_PATH="$path" timeout 300 "$bin/$b" learner --backend=cuda \
+            --config="${CONFIGS:-h200,small}" --precision="${PRECISIONS:-fp32,tf32,bf16}" 2>> "$out/bench.log" |
+            sed "s/^{/{\"bin\":\"$b\",\"round\":$round,\"pdl\":\"$pdl\",/" >> "$out/bench.jsonl"
+          echo "$b $path pdl $pdl round $round rc=${PIPESTATUS[0]}" >> "$summary"
+        done
       done
     done
   done
