@@ -775,14 +775,10 @@ cudaError_t LaunchWeightGrad(const GradProgram& p, const GradProgram* device_pro
 
 cudaError_t LaunchPack(const PackProgram& p, const PackProgram* device_program, cudaStream_t stream) {
   const dim3 grid(64, p.num_jobs);  // 64 tiles of 32 x 32 = a 256 x 256 layer in one pass
-  switch (p.precision) {
-    case Precision::kBf16:
-      return LaunchDependent(StepKernel::kPack, PackKernel<2>, grid, kPackThreads, 0, stream, device_program);
-    case Precision::kTf32:
-      return LaunchDependent(StepKernel::kPack, PackKernel<1>, grid, kPackThreads, 0, stream, device_program);
-    default:
-      return LaunchDependent(StepKernel::kPack, PackKernel<0>, grid, kPackThreads, 0, stream, device_program);
-  }
+  void (*kernel)(const PackProgram*) = PackKernel<0>;
+  if (p.precision == Precision::kBf16) kernel = PackKernel<2>;
+  if (p.precision == Precision::kTf32) kernel = PackKernel<1>;
+  return LaunchDependent(StepKernel::kPack, kernel, grid, kPackThreads, 0, stream, device_program);
 }
 
 }  // namespace qstream::kernels

@@ -28,7 +28,7 @@ inline constexpr uint32_t kAllStepKernels = (1u << static_cast<int>(StepKernel::
 constexpr uint32_t StepKernelBit(StepKernel k) { return 1u << static_cast<int>(k); }
 // The CUDA backend's default on 9.0+ devices: every kernel but the sampler's
 // two and the weight gradients. Measured on H100 (bench/NOTES.md, stop 32):
-// with the sampler's kernels as dependents as well, h200 steps were 2-5 us
+// with the sampler's kernels as dependents as well, h200 steps were 1-4 us
 // slower; with the weight gradients, h200 B = 1024 BF16 was 9 us slower (its
 // tiles, launched early, pile onto the SMs the backward chain leaves idle
 // instead of spreading over all of them).

@@ -13,6 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/c51_loss.h"
@@ -244,19 +245,18 @@ absl::Status CudaBackend::Init() {
   cudaDeviceProp prop{};
   QS_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   device_name_ = prop.name;
-  // QSTREAM_CUDA_PDL: 0 off, 1 (or unset) kernels::kDefaultStepKernels,
-  // another number (e.g. 0x1ff: all) the mask of kernels::StepKernel bits
-  // that launch as dependents (a diagnostic).
+  // QSTREAM_CUDA_PDL (hex): 0 off, 1 (or unset) kernels::kDefaultStepKernels,
+  // another mask (e.g. 0x1ff: all) the kernels::StepKernel bits that launch
+  // as dependents (a diagnostic).
   dependent_launch_ = kernels::kDefaultStepKernels;
   if (const char* env_pdl = std::getenv("QSTREAM_CUDA_PDL"); env_pdl != nullptr) {
-    char* end = nullptr;
-    const unsigned long mask = std::strtoul(env_pdl, &end, 0);
-    if (end == env_pdl || *end != '\0' || mask > kernels::kAllStepKernels) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("QSTREAM_CUDA_PDL: '", env_pdl,
-                       "' is not 0, 1 or a mask of step kernels <= ", kernels::kAllStepKernels));
+    uint32_t mask = 0;
+    if (!absl::SimpleHexAtoi(env_pdl, &mask) || mask > kernels::kAllStepKernels) {
+      return absl::InvalidArgumentError(absl::StrCat("QSTREAM_CUDA_PDL: '", env_pdl,
+                                                     "' is not 0, 1 or a hex mask of step kernels <= 0x",
+                                                     absl::Hex(kernels::kAllStepKernels)));
     }
-    if (mask != 1) dependent_launch_ = static_cast<uint32_t>(mask);
+    if (mask != 1) dependent_launch_ = mask;
   }
   if (prop.major < 9) dependent_launch_ = 0;
 

@@ -9,7 +9,11 @@
 // variable QSTREAM_CUDA_PATH=auto|fused|cublas picks the path (auto: fused
 // where it was measured faster, cuda::FusedNetwork::AutoDeclines);
 // QSTREAM_CUDA_EPILOGUES=unbatched|unfused forces the simpler cuBLASLt paths
-// for diagnosis. device() names the path in brackets, and why.
+// for diagnosis. device() names the path in brackets, and why. On 9.0+
+// devices the step's kernels launch as programmatic dependents
+// (kernels/launch.h; device() ends in "[dependent launch]"):
+// QSTREAM_CUDA_PDL=0 turns that off, a hex mask of kernels::StepKernel bits
+// picks the kernels (a diagnostic; 1 or unset: the default set).
 #pragma once
 
 #include <memory>
