@@ -66,12 +66,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-QSTREAM_PEERS = ("cpp", "python", "python_buffered")
+QSTREAM_PEERS = ("cpp", "python", "python_buffered", "python_buffered_aio")
 REVERB_PEERS = ("reverb_trajectory", "reverb_legacy")
 PEER_NAMES = {
     "cpp": "qstream C++ (`qstream-bench load`)",
     "python": "qstream Python SDK",
     "python_buffered": "qstream Python SDK, Writer defaults (512 per message)",
+    "python_buffered_aio": "qstream Python SDK, Writer defaults, transport='aio'",
     "reverb_trajectory": "Reverb TrajectoryWriter",
     "reverb_legacy": "Reverb legacy Writer",
 }
@@ -264,11 +265,16 @@ def run_qstream(peer: str, k: int, clients: int, learner: str, args, config_path
             argvs = [[str(args.bench), "load", f"--address={grpc_address}", "--config=h200", f"--seed={i + 1}",
                       f"--streams={args.cpp_streams}", f"--in_flight={args.in_flight}"] + common for i in range(clients)]
         else:
-            buffered = ["--buffered"] if peer == "python_buffered" else []
+            buffered = ["--buffered"] if peer.startswith("python_buffered") else []
+            transport = ["--transport=aio"] if peer.endswith("_aio") else []
             argvs = [[sys.executable, str(HERE / "ingest_sdk_client.py"), f"--address={grpc_address}",
                       f"--seed={i + 1}", f"--api={args.python_api}", f"--max_in_flight={args.in_flight}"]
-                     + buffered + common for i in range(clients)]
+                     + buffered + transport + common for i in range(clients)]
         env = dict(os.environ, PYTHONPATH=f"{ROOT / 'clients' / 'python'}:{os.environ.get('PYTHONPATH', '')}")
+        # The SDK's native transport from the build measured (unless the caller chose one).
+        native_lib = args.build / "lib" / "libqstream_native.so"
+        if "QSTREAM_NATIVE_LIB" not in env and native_lib.is_file():
+            env["QSTREAM_NATIVE_LIB"] = str(native_lib)
         results, cpu, marks = run_clients(argvs, env, start_at, args, daemon.proc.pid,
                                           on_boundary=lambda: scrape_after_poll(metrics_address))
         row = window_rates(results, cpu, k, args)
@@ -418,7 +424,8 @@ def main() -> int:
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     p.add_argument("--build", type=Path, default=ROOT / "build", help="folder with qstream-bench and qstreamd")
     p.add_argument("--peers", default="cpp,python,reverb_trajectory,reverb_legacy",
-                   help="comma list of cpp, python, reverb_trajectory, reverb_legacy")
+                   help="comma list of cpp, python, python_buffered, python_buffered_aio, reverb_trajectory, "
+                        "reverb_legacy")
     p.add_argument("--items", type=ints, default=[1, 64, 256, 1024], help="transitions per message / item")
     p.add_argument("--reverb_items", type=ints, default=[1, 64, 1024], help="items per insert for Reverb")
     p.add_argument("--clients", type=ints, default=[1, 2, 4], help="client process counts")

@@ -110,6 +110,8 @@ def main() -> int:
     p.add_argument("--buffered", action="store_true",
                    help="Writer with its default flush rule (max_batch max(512, K), max_delay 20 ms) "
                         "instead of one message per append")
+    p.add_argument("--transport", choices=["auto", "native", "aio"], default="auto",
+                   help="the Writer's stream transport (auto: native where libqstream_native loads)")
     args = p.parse_args()
 
     api = args.api
@@ -120,12 +122,14 @@ def main() -> int:
     steps = [columns(k, rng) for _ in range(PAYLOADS)]
     stream_id = f"bench-{uuid.uuid4().hex[:12]}"
     if api == "writer":
+        # Passed only when asked for: an older SDK's Writer (a comparison run) has no such parameter.
+        transport = {} if args.transport == "auto" else {"transport": args.transport}
         if args.buffered:
             client = qstream.Writer(args.address, obs_dim=OBS_DIM, num_branches=BRANCHES, max_batch=max(512, k),
-                                    max_in_flight=args.max_in_flight, stream_id=stream_id)
+                                    max_in_flight=args.max_in_flight, stream_id=stream_id, **transport)
         else:
             client = qstream.Writer(args.address, obs_dim=OBS_DIM, num_branches=BRANCHES, max_batch=k,
-                                    max_delay=1.0, max_in_flight=args.max_in_flight, stream_id=stream_id)
+                                    max_delay=1.0, max_in_flight=args.max_in_flight, stream_id=stream_id, **transport)
         env_ids = np.arange(k, dtype=np.uint32)
 
         def insert(c):
@@ -163,6 +167,7 @@ def main() -> int:
                for a, b in zip(marks, marks[1:])]
     print(json.dumps({
         "client": f"python_{api}" + ("_buffered" if args.buffered else ""),
+        "stream": type(getattr(client, "_stream", None)).__name__,  # which transport the Writer took
         "items_per_message": k,
         "window_seconds": args.window_seconds,
         "windows": windows,

@@ -15,6 +15,7 @@ from qstream.channel import (
     open_channel,
 )
 from qstream.client import ActorClient
+from qstream.native import NativeUnavailable
 from qstream.policy import Architecture, Policy, PolicyWatcher, fetch_policy
 from qstream.stream import BatchRejected, StreamError, StreamStats
 from qstream.writer import Backpressure, Writer
@@ -33,6 +34,7 @@ __all__ = [
     "ConnectError",
     "EpsilonSchedule",
     "MessageTooLarge",
+    "NativeUnavailable",
     "Policy",
     "PolicyWatcher",
     "QstreamError",

@@ -326,16 +326,17 @@ def aio_channel_factory(
 _SECURITY_PARAMS = ("tls_ca", "tls_cert", "tls_key", "tls_server_name", "token", "token_file")
 
 
-def _channel_parts(
+def channel_pem_parts(
     server: str,
     *,
     max_receive_message_length: int = DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH,
     options: Iterable[tuple[str, Any]] = (),
     **security: Any,
-) -> tuple[grpc.ChannelCredentials | None, list[tuple[str, Any]], str | None]:
+) -> tuple[tuple[bytes | None, bytes | None, bytes | None] | None, list[tuple[str, Any]], str | None]:
     """open_channel's checks over its parameters (`security`: those of
-    _SECURITY_PARAMS): (TLS credentials or None for plaintext, the channel
-    options, the bearer token or None)."""
+    _SECURITY_PARAMS, None ones ignored): (the TLS files' PEM bytes as (CA,
+    key, certificate), each None when not given, or None for plaintext; the
+    channel options; the bearer token or None)."""
     unknown = set(security) - set(_SECURITY_PARAMS)
     if unknown:
         raise TypeError(f"unexpected channel parameter(s): {', '.join(sorted(unknown))}")
@@ -362,15 +363,24 @@ def _channel_parts(
     merged["grpc.max_receive_message_length"] = check_receive_limit(max_receive_message_length)
     merged.update(options)  # the caller's options win (gRPC takes one value per key)
     channel_options: list[tuple[str, Any]] = list(merged.items())
-    credentials = None
+    pems = None
     if tls:
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=_read_pem(tls_ca, "tls_ca") if tls_ca is not None else None,
-            private_key=_read_pem(tls_key, "tls_key") if tls_key is not None else None,
-            certificate_chain=_read_pem(tls_cert, "tls_cert") if tls_cert is not None else None,
-        )
+        pems = (_read_pem(tls_ca, "tls_ca") if tls_ca is not None else None,
+                _read_pem(tls_key, "tls_key") if tls_key is not None else None,
+                _read_pem(tls_cert, "tls_cert") if tls_cert is not None else None)
         if tls_server_name:
             channel_options.append(("grpc.ssl_target_name_override", tls_server_name))
+    return pems, channel_options, token
+
+
+def _channel_parts(server: str, **kwargs: Any) -> tuple[grpc.ChannelCredentials | None, list[tuple[str, Any]],
+                                                        str | None]:
+    """channel_pem_parts() with the TLS files as grpc credentials."""
+    pems, channel_options, token = channel_pem_parts(server, **kwargs)
+    credentials = None
+    if pems is not None:
+        ca, key, cert = pems
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
     return credentials, channel_options, token
 
 

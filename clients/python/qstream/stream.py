@@ -41,6 +41,7 @@ from qstream.channel import QstreamError, auth_error, is_token_refused
 from qstream.proto import experience_pb2
 
 STREAM_METHOD = "/qstream.v1.ExperienceService/Stream"
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 # Codes after which resending cannot help: the daemon refused the stream
 # (a refused token, UNAUTHENTICATED/PERMISSION_DENIED, raises AuthError).
@@ -519,3 +520,108 @@ class AioExperienceStream(ExperienceStream):
                     await call.write(payload)
         except (grpc.RpcError, asyncio.InvalidStateError):
             pass  # the call ended: the reader sees why and reconnects or stops
+
+
+class _NativeRpcError(grpc.RpcError):
+    """A native call's end status, read as grpc's errors are (code(), details())."""
+
+    def __init__(self, code: int, details: str):
+        super().__init__(f"{_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN).name}: {details}")
+        self._code = _STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN)
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class NativeExperienceStream(ExperienceStream):
+    """The same stream on libqstream_native (qstream.native: gRPC C++ under
+    ctypes). A batch is written by the thread that submits it (one copy of
+    the payload, the GIL released) and gRPC's own threads write the rest of
+    the queue in order; the ack reader thread blocks in the library (GIL
+    released) and handles each ack as the synchronous stream does. The call
+    is written to, cancelled and dropped only with cv held, so abort() never
+    reaches a call the reader has freed.
+
+    `channel` is a qstream.native.Channel (the stream owns and closes it);
+    `metadata` goes with every call."""
+
+    def __init__(self, channel, *, metadata=(), **kwargs):
+        self._native_channel = channel
+        self._metadata = tuple(metadata)
+        super().__init__(None, **kwargs)
+
+    def _enqueue_locked(self, payload: bytes) -> None:
+        if self._call is not None:
+            self._call.write(payload)  # False: the call has ended; the batch is resent on the next one
+
+    def _end_writes_locked(self) -> None:
+        if self._call is not None:
+            if self._aborted:
+                self._call.cancel()
+            else:
+                self._call.writes_done()
+
+    def _cancel(self, call) -> None:
+        pass  # cancelled by _end_writes_locked, with cv held
+
+    def _open_call(self):
+        with self.cv:
+            if self._aborted:
+                return None
+            call = self._native_channel.start_call(STREAM_METHOD, self._metadata)
+            for sent in self._unacked.values():
+                call.write(sent.payload)
+            if self._closing:
+                call.writes_done()
+            self._call = call
+            return call
+
+    def _finish(self, call) -> grpc.RpcError | None:
+        """Ends `call` (dropped first, so no other thread reaches it) and
+        returns its error, None for OK."""
+        with self.cv:
+            self._call = None
+        code, details = call.finish()
+        call.free()
+        return None if code == 0 else _NativeRpcError(code, details)
+
+    def _run(self) -> None:
+        try:
+            self._run_calls()
+        finally:
+            self._native_channel.close()
+
+    def _run_calls(self) -> None:
+        backoff = _FIRST_BACKOFF_S
+        failing_since = None
+        while True:
+            call = self._open_call()
+            if call is None:
+                return
+            try:
+                while (data := call.read()) is not None:
+                    self._handle_ack(experience_pb2.Ack.FromString(data))
+                    backoff, failing_since = _FIRST_BACKOFF_S, None
+            finally:
+                error = self._finish(call)
+            if error is None:
+                with self.cv:
+                    if self._closing and not self._unacked:
+                        return
+            elif self._ends_stream(error):
+                return
+            now = time.monotonic()
+            failing_since = failing_since or now
+            if self._gave_up(error, now - failing_since):
+                return
+            with self.cv:
+                # Sleeps out the backoff, but wakes at once on abort.
+                if self.cv.wait_for(lambda: self._aborted, backoff):
+                    return
+            backoff = min(backoff * 2, self._max_backoff_s)
+            with self.cv:
+                self._stats.reconnects += 1

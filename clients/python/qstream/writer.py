@@ -25,7 +25,10 @@ the stream closes. Sending is pipelined:
 up to `max_in_flight` batches wait for their ack. The stream itself
 (numbering, reconnect and resend, error acks) is qstream.stream: for an
 address its grpc.aio form (one event-loop thread writes the batches and
-reads the acks), for a ready grpc.Channel grpc's synchronous stream.
+reads the acks) or, where libqstream_native is found, its gRPC C++ form
+(qstream.native: the batches written and the acks read on gRPC's own
+threads, without the GIL); for a ready grpc.Channel grpc's synchronous
+stream.
 
 Several addresses (the ranks of a data-parallel learner: Writer(["h1:p1",
 "h2:p2"]) or "h1:p1,h2:p2") make a qstream.spread.SpreadWriter, a Writer
@@ -54,9 +57,12 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from qstream.batch import BOOL, F32, I32, U32, StepColumns
-from qstream.channel import PathLike, QstreamError, Servers, aio_channel_factory, channel_for, parse_servers
+from qstream import native
+from qstream.channel import (PathLike, QstreamError, Servers, aio_channel_factory, channel_for, channel_pem_parts,
+                             parse_servers)
 from qstream.proto import experience_pb2
-from qstream.stream import AioExperienceStream, BatchRejected, ExperienceStream, StreamError, StreamStats
+from qstream.stream import (AioExperienceStream, BatchRejected, ExperienceStream, NativeExperienceStream, StreamError,
+                            StreamStats)
 
 # Bounds of episode reports fixed by the wire API (proto/episode_limits.h).
 MAX_EPISODES_PER_BATCH = 4096
@@ -125,6 +131,12 @@ class Writer:
         channel_options: extra gRPC channel options (address only).
         tls_ca, tls_cert, tls_key, tls_server_name, token, token_file: as in
             qstream.channel.open_channel.
+        transport: for an address, how the stream goes over the wire:
+            "native" the gRPC C++ transport of libqstream_native
+            (qstream.native; NativeUnavailable when it cannot be loaded),
+            "aio" grpc.aio, "auto" (default) native when the library is
+            found, else aio. A ready grpc.Channel always takes grpc's
+            synchronous stream.
     """
 
     def __new__(cls, target: Servers | grpc.Channel, *args: Any, **kwargs: Any) -> "Writer":
@@ -159,6 +171,7 @@ class Writer:
         tls_server_name: str | None = None,
         token: str | None = None,
         token_file: PathLike | None = None,
+        transport: str = "auto",
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -188,13 +201,23 @@ class Writer:
         security = dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name,
                         token=token, token_file=token_file)
         self._channel, self._own_channel = None, False
+        if transport not in ("auto", "native", "aio"):
+            raise ValueError(f"transport must be 'auto', 'native' or 'aio', got {transport!r}")
         if isinstance(target, grpc.Channel):
+            if transport == "native":
+                raise ValueError("transport='native' takes an address, not a grpc.Channel")
             self._channel, self._own_channel = channel_for(target, options=channel_options or (), **security)
             self._stream = ExperienceStream(self._channel, **stream_args)
-        else:  # the stream opens its own grpc.aio channel on its event loop
+        else:
             (target,) = parse_servers(target)
-            open_aio, metadata = aio_channel_factory(target, options=channel_options or (), **security)
-            self._stream = AioExperienceStream(open_aio, metadata=metadata, **stream_args)
+            if transport == "native" or (transport == "auto" and native.library() is not None):
+                pems, options, token = channel_pem_parts(target, options=channel_options or (), **security)
+                metadata = (("authorization", f"Bearer {token}"),) if token is not None else ()
+                self._stream = NativeExperienceStream(native.Channel(target, pems, options), metadata=metadata,
+                                                      **stream_args)
+            else:  # the stream opens its own grpc.aio channel on its event loop
+                open_aio, metadata = aio_channel_factory(target, options=channel_options or (), **security)
+                self._stream = AioExperienceStream(open_aio, metadata=metadata, **stream_args)
         self._stream.on_acked_locked = self._on_acked_locked
 
         # The buffer: rows [0, _n) of _buf (and final_obs rows [0, _ends)),

@@ -27,6 +27,16 @@ def build_dir() -> Path:
     return Path(os.environ.get("QSTREAM_BUILD_DIR", PKG_ROOT.parent.parent / "build"))
 
 
+def require_native() -> None:
+    """Skips the test unless libqstream_native loads ($QSTREAM_NATIVE_LIB,
+    set by ctest to the build's library; empty in sanitizer builds, which
+    do not build it: an ASan library cannot load into Python)."""
+    from qstream import native
+
+    if native.library() is None:
+        pytest.skip("libqstream_native is not built here (set QSTREAM_NATIVE_LIB)")
+
+
 def qstreamd_path() -> Path:
     path = build_dir() / "qstreamd"
     if not path.is_file():

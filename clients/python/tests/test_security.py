@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import build_dir
+from conftest import build_dir, require_native
 
 import qstream
 from qstream import (
@@ -73,6 +73,17 @@ def tokens(tmp_path_factory) -> dict:
     return files
 
 
+@pytest.fixture(params=["native", "aio"])
+def transport(request, monkeypatch) -> str:
+    """The Writer's transport under the ActorClient of a test: the gRPC C++
+    one (libqstream_native) or grpc.aio ($QSTREAM_NATIVE_LIB empty)."""
+    if request.param == "native":
+        require_native()
+    else:
+        monkeypatch.setenv("QSTREAM_NATIVE_LIB", "")
+    return request.param
+
+
 def tls_flags(certs: Path, mtls: bool = False) -> list[str]:
     flags = [f"--tls_cert={certs / 'server.pem'}", f"--tls_key={certs / 'server.key'}"]
     if mtls:
@@ -128,7 +139,7 @@ def test_unusable_files_and_parameters_are_named(tmp_path, certs):
 # ---- TLS ---------------------------------------------------------------------
 
 
-def test_tls_with_the_ca_streams_batches_and_gets_acks(start_daemon, certs):
+def test_tls_with_the_ca_streams_batches_and_gets_acks(start_daemon, certs, transport):
     d = start_daemon(IDLE_CONFIG, *tls_flags(certs))
     ca = certs / "ca.pem"
     stats = stream_two_batches(d.grpc, tls_ca=ca)
@@ -160,7 +171,7 @@ def test_tls_daemon_refuses_plaintext_and_unknown_ca(start_daemon, certs):
 # ---- mTLS --------------------------------------------------------------------
 
 
-def test_mtls_right_client_certificate_works(start_daemon, certs):
+def test_mtls_right_client_certificate_works(start_daemon, certs, transport):
     d = start_daemon(IDLE_CONFIG, *tls_flags(certs, mtls=True))
     stats = stream_two_batches(d.grpc, **client_cert(certs))
     assert stats.acked_batches == 2 and stats.accepted_transitions == 50
@@ -169,7 +180,7 @@ def test_mtls_right_client_certificate_works(start_daemon, certs):
 
 
 @pytest.mark.parametrize("cert", ["other-client", None])
-def test_mtls_other_ca_or_no_client_certificate_fails_clearly(start_daemon, certs, cert):
+def test_mtls_other_ca_or_no_client_certificate_fails_clearly(start_daemon, certs, cert, transport):
     d = start_daemon(IDLE_CONFIG, *tls_flags(certs, mtls=True))
     security = client_cert(certs, cert) if cert else dict(tls_ca=certs / "ca.pem")
     with pytest.raises(ConnectError, match=f"could not reach qstreamd at {d.grpc} within 1s: UNAVAILABLE") as e:
@@ -185,7 +196,7 @@ def test_mtls_other_ca_or_no_client_certificate_fails_clearly(start_daemon, cert
 # ---- tokens ------------------------------------------------------------------
 
 
-def test_actor_token_streams_and_observer_reads_status(start_daemon, tokens):
+def test_actor_token_streams_and_observer_reads_status(start_daemon, tokens, transport):
     d = start_daemon(IDLE_CONFIG, f"--auth_tokens={tokens['daemon']}")
     stats = stream_two_batches(d.grpc, token_file=tokens["actor"])
     assert stats.accepted_transitions == 50
@@ -198,7 +209,7 @@ def test_actor_token_streams_and_observer_reads_status(start_daemon, tokens):
     assert not full.config_redacted and full.config.network.obs_dim == 4
 
 
-def test_missing_or_unknown_token_is_unauthenticated(start_daemon, tokens):
+def test_missing_or_unknown_token_is_unauthenticated(start_daemon, tokens, transport):
     d = start_daemon(IDLE_CONFIG, f"--auth_tokens={tokens['daemon']}")
     for security in ({}, {"token": "not-a-known-token-0000"}):
         with pytest.raises(AuthError) as e:
@@ -216,7 +227,7 @@ def test_missing_or_unknown_token_is_unauthenticated(start_daemon, tokens):
     assert d.status(token_file=tokens["admin"]).transitions_ingested == 0
 
 
-def test_observer_token_on_experience_service_is_permission_denied(start_daemon, tokens):
+def test_observer_token_on_experience_service_is_permission_denied(start_daemon, tokens, transport):
     d = start_daemon(IDLE_CONFIG, f"--auth_tokens={tokens['daemon']}")
     with pytest.raises(AuthError) as e:
         stream_two_batches(d.grpc, token_file=tokens["observer"])

@@ -8,6 +8,7 @@ import time
 import grpc
 import numpy as np
 import pytest
+from conftest import require_native
 from fake_daemon import FakeDaemon
 
 from qstream import Backpressure, BatchRejected, StreamError, Writer, nstep_batch
@@ -16,13 +17,18 @@ from qstream.batch import Tensor, to_numpy
 OBS_DIM = 3
 
 
-@pytest.fixture(params=["aio", "sync"])
+@pytest.fixture(params=["aio", "native", "sync"])
 def fake(request):
-    """The fake daemon, and `target` for the Writers of a test: its address
-    (the Writer's grpc.aio stream) or a ready channel (the synchronous one)."""
+    """The fake daemon, and `target` and `kw` for the Writers of a test: its
+    address with transport "aio" (the grpc.aio stream) or "native" (the gRPC
+    C++ one of libqstream_native: skipped where it is not built), or a ready
+    channel (the synchronous stream)."""
+    if request.param == "native":
+        require_native()
     d = FakeDaemon()
     channel = grpc.insecure_channel(d.address) if request.param == "sync" else None
     d.target = channel or d.address
+    d.kw = {} if channel is not None else {"transport": request.param}
     yield d
     d.stop()
     if channel is not None:
@@ -31,7 +37,7 @@ def fake(request):
 
 def writer(fake, **kw):
     kw.setdefault("max_delay", None)
-    return Writer(fake.target, obs_dim=OBS_DIM, num_branches=1, **kw)
+    return Writer(fake.target, obs_dim=OBS_DIM, num_branches=1, **fake.kw, **kw)
 
 
 def col(batch, name):
@@ -138,7 +144,7 @@ def test_sent_tensors_round_trip_dtype_shape_and_bytes(fake):
     rng = np.random.default_rng(0)
     obs = rng.normal(size=(4, OBS_DIM)).astype(np.float32)
     nxt = rng.normal(size=(4, OBS_DIM)).astype(np.float32)
-    w = Writer(fake.target, max_batch=4, max_delay=None)  # obs_dim and num_branches from the first append
+    w = Writer(fake.target, max_batch=4, max_delay=None, **fake.kw)  # obs_dim and num_branches from the first append
     w.append(obs, [[0, 1], [1, 0], [2, 2], [0, 0]], [0.5, 1, 1.5, 2], [0, 1, 0, 0], [0, 0, 1, 0],
              next_obs=nxt, env_ids=[3, 1, 2, 0], policy_version=7)  # sent by size: the step-stream form
     w.append(obs[:2], [[1, 1], [2, 0]], [3, 4], [0, 0], [0, 0], next_obs=nxt[:2], env_ids=[3, 1])
@@ -243,7 +249,7 @@ def test_whole_batches_sent_from_the_callers_arrays_equal_those_sent_from_the_bu
     env_ids = rng.permutation(n)
     sent = []
     for one_by_one in (False, True):
-        w = Writer(fake.target, obs_dim=OBS_DIM, num_branches=branches, max_batch=max_batch, max_delay=None,
+        w = Writer(fake.target, obs_dim=OBS_DIM, num_branches=branches, max_batch=max_batch, max_delay=None, **fake.kw,
                    step_stream=step_stream, env="Env-v0", stream_id="same")
         w.report_episode(2.5, 7)
         rows = [slice(i, i + 1) for i in range(n)] if one_by_one else [slice(0, n)]
@@ -543,13 +549,16 @@ def test_without_step_stream_every_batch_is_full_and_needs_next_obs(fake):
     w.close()
 
 
-def test_abort_while_reconnecting_returns_at_once_and_ends_the_stream_thread():
+@pytest.mark.parametrize("transport", ["aio", "native"])
+def test_abort_while_reconnecting_returns_at_once_and_ends_the_stream_thread(transport):
     """No daemon at the address: the stream sits in its reconnect backoff
     (grown to ~1 s), and abort() cuts it short instead of sleeping it out."""
+    if transport == "native":
+        require_native()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"  # closed again: nothing listens
-    w = Writer(address, obs_dim=OBS_DIM, num_branches=1, max_delay=None, max_backoff_s=30)
+    w = Writer(address, obs_dim=OBS_DIM, num_branches=1, max_delay=None, max_backoff_s=30, transport=transport)
     w.send(nstep_batch(np.ones((1, OBS_DIM)), [0], [1.0], [0.0], np.ones((1, OBS_DIM))))
     wait_until(lambda: w.stats.reconnects >= 3)
     start = time.monotonic()

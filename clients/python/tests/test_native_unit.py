@@ -1,0 +1,86 @@
+"""qstream.native: where the Writer's gRPC C++ transport is looked for, and
+what a Writer does when it is or is not there (no daemon needed: a Writer
+connects on its first batch)."""
+
+import os
+import subprocess
+import sys
+
+import grpc
+import pytest
+from conftest import require_native
+
+import qstream
+from qstream import NativeUnavailable, Writer, native
+from qstream.stream import AioExperienceStream, NativeExperienceStream
+
+ADDRESS = "127.0.0.1:1"  # nothing is sent
+
+
+def stream_of(**kw):
+    w = Writer(ADDRESS, obs_dim=2, num_branches=1, **kw)
+    try:
+        return type(w._stream)
+    finally:
+        w.abort()
+
+
+def test_an_unloadable_library_is_an_error_naming_the_variable_and_the_file(monkeypatch, tmp_path):
+    bogus = tmp_path / "libqstream_native.so"
+    bogus.write_bytes(b"not an ELF file")
+    monkeypatch.setenv(native.ENV_VAR, str(bogus))
+    with pytest.raises(NativeUnavailable, match=f"QSTREAM_NATIVE_LIB={bogus}: cannot load"):
+        native.library()
+    for transport in ("auto", "native"):  # asked for by name: never a silent fallback
+        with pytest.raises(NativeUnavailable, match="QSTREAM_NATIVE_LIB="):
+            Writer(ADDRESS, obs_dim=2, num_branches=1, transport=transport)
+
+
+def test_an_empty_variable_turns_the_native_transport_off(monkeypatch):
+    monkeypatch.setenv(native.ENV_VAR, "")
+    assert native.library() is None
+    assert stream_of() is AioExperienceStream
+    with pytest.raises(NativeUnavailable, match="QSTREAM_NATIVE_LIB is empty .*transport='aio'"):
+        Writer(ADDRESS, obs_dim=2, num_branches=1, transport="native")
+
+
+def test_auto_takes_the_library_when_it_loads_and_aio_when_asked():
+    require_native()
+    assert stream_of() is NativeExperienceStream
+    assert stream_of(transport="native") is NativeExperienceStream
+    assert stream_of(transport="aio") is AioExperienceStream
+
+
+def test_bad_transport_arguments_are_named():
+    with pytest.raises(ValueError, match="transport must be 'auto', 'native' or 'aio', got 'tcp'"):
+        Writer(ADDRESS, obs_dim=2, num_branches=1, transport="tcp")
+    channel = grpc.insecure_channel(ADDRESS)
+    try:
+        with pytest.raises(ValueError, match="transport='native' takes an address"):
+            Writer(channel, obs_dim=2, num_branches=1, transport="native")
+    finally:
+        channel.close()
+
+
+def test_a_channel_option_of_another_type_is_named():
+    require_native()
+    with pytest.raises(ValueError, match="channel option 'grpc.x': 1.5 is neither an int nor a str"):
+        Writer(ADDRESS, obs_dim=2, num_branches=1, transport="native", channel_options=[("grpc.x", 1.5)])
+
+
+def test_a_program_that_never_closes_its_writer_exits_cleanly():
+    """The stream's reader thread blocks inside the library (a daemon
+    thread): the interpreter must still exit at once and without a crash."""
+    require_native()
+    code = ("import numpy as np, qstream\n"
+            f"w = qstream.Writer({ADDRESS!r}, obs_dim=2, num_branches=1, transport='native', max_delay=None)\n"
+            "w.send(qstream.nstep_batch(np.ones((1, 2)), [0], [1.0], [0.0], np.ones((1, 2))))\n"
+            "print('sent', flush=True)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "sent\n"
+
+
+def test_the_package_exports_the_error():
+    assert qstream.NativeUnavailable is NativeUnavailable
