@@ -33,8 +33,8 @@
 //   qsn_call_finish(call, details, cap)
 //       stops the writes, waits until gRPC has ended the call and returns its
 //       status code (details, NUL-terminated, truncated to cap).
-//   qsn_call_free(call)               after qsn_call_finish: the Python side
-//                                     lets go of the call (freed once gRPC has too).
+//   qsn_call_free(call)               ends the call (as qsn_call_finish) and
+//                                     frees it, on the calling thread.
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -45,12 +45,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "grpc/grpc.h"
 #include "grpc/support/log.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -66,13 +68,18 @@ void CopyOut(const std::string& text, char* out, size_t cap) {
   out[n] = '\0';
 }
 
-// gRPC C++ 1.51 prints its INFO lines (a GOAWAY at a daemon restart, ...)
-// into the Python program's stderr unless GRPC_VERBOSITY says otherwise;
-// grpcio prints only errors. Keep that default.
-void QuietGrpcLogs() {
+// Once per process, before the first channel:
+// - gRPC stays initialized until the process ends, instead of an init and a
+//   grpc_shutdown (which 1.51 finishes on a detached thread) around every
+//   Writer's channel.
+// - gRPC C++ 1.51 prints its INFO lines (a GOAWAY at a daemon restart, ...)
+//   into the Python program's stderr unless GRPC_VERBOSITY says otherwise;
+//   grpcio prints only errors. Keep that default.
+void InitOnce() {
   static std::once_flag once;
   std::call_once(once, [] {
     if (std::getenv("GRPC_VERBOSITY") == nullptr) gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
+    grpc_init();  // never shut down: see above
   });
 }
 
@@ -224,17 +231,23 @@ class Call final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBu
       reads_ended_ = true;
       done_ = true;
     }
-    Unref();  // after the unlock: the Python side may free the call once done_ is set
+    returned_.store(true, std::memory_order_release);  // gRPC's last touch of this object
   }
 
-  // Two owners, the Python side (qsn_call_free) and gRPC (OnDone); the last
-  // one deletes the call.
-  void Unref() {
-    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  // Ends the call (as Finish, if the Python side has not) and deletes it on
+  // the calling thread, never on gRPC's: the ClientContext may hold the last
+  // reference to the channel, whose destructor joins gRPC's callback threads
+  // and frees their completion queue. Run from OnDone (a callback thread),
+  // that freed the queue under the thread's own feet ("ref_counted.h
+  // assertion failed: prior > 0", a double free, in ~1 of 7 Python exits).
+  void Free() {
+    Finish(nullptr, 0);
+    while (!returned_.load(std::memory_order_acquire)) std::this_thread::yield();
+    delete this;
   }
 
  private:
-  std::atomic<int> refs_{2};
+  std::atomic<bool> returned_{false};  // OnDone has run to its end
   grpc::ClientContext context_;
   grpc::ByteBuffer read_buffer_;  // the read in progress (one at a time)
 
@@ -259,7 +272,7 @@ __attribute__((visibility("default"))) void* qsn_channel_open(
     const char* target, const char* ca, size_t ca_len, const char* key, size_t key_len, const char* cert,
     size_t cert_len, const char* const* arg_keys, const char* const* arg_strs, const long long* arg_ints,
     int n_args, char* err, size_t err_cap) {
-  QuietGrpcLogs();
+  InitOnce();
   try {
     grpc::ChannelArguments args;
     for (int i = 0; i < n_args; ++i) {
@@ -325,6 +338,6 @@ __attribute__((visibility("default"))) int qsn_call_finish(void* call, char* det
   return static_cast<Call*>(call)->Finish(details, cap);
 }
 
-__attribute__((visibility("default"))) void qsn_call_free(void* call) { static_cast<Call*>(call)->Unref(); }
+__attribute__((visibility("default"))) void qsn_call_free(void* call) { static_cast<Call*>(call)->Free(); }
 
 }  // extern "C"
