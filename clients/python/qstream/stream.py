@@ -299,6 +299,18 @@ class ExperienceStream:
         if self._on_ack is not None:
             self._on_ack(ack, snapshot)
 
+    def _serve_call(self, call) -> tuple[bool, grpc.RpcError | None]:
+        """Handles the call's acks until it ends: (whether an ack came, the
+        call's error or None for a clean end)."""
+        acked = False
+        try:
+            for ack in call:
+                self._handle_ack(ack)
+                acked = True
+        except grpc.RpcError as e:
+            return acked, e
+        return acked, None
+
     def _run(self) -> None:
         backoff = _FIRST_BACKOFF_S
         failing_since = None
@@ -306,18 +318,15 @@ class ExperienceStream:
             call = self._open_call()
             if call is None:
                 return
-            try:
-                for ack in call:
-                    self._handle_ack(ack)
-                    backoff, failing_since = _FIRST_BACKOFF_S, None
+            acked, error = self._serve_call(call)
+            if acked:
+                backoff, failing_since = _FIRST_BACKOFF_S, None
+            if error is None:
                 with self.cv:
                     if self._closing and not self._unacked:
                         return
-                error = None
-            except grpc.RpcError as e:
-                error = e
-                if self._ends_stream(e):
-                    return
+            elif self._ends_stream(error):
+                return
             now = time.monotonic()
             failing_since = failing_since or now
             if self._gave_up(error, now - failing_since):
@@ -589,39 +598,18 @@ class NativeExperienceStream(ExperienceStream):
         call.free()
         return None if code == 0 else _NativeRpcError(code, details)
 
+    def _serve_call(self, call) -> tuple[bool, grpc.RpcError | None]:
+        acked = False
+        try:
+            while (data := call.read()) is not None:
+                self._handle_ack(experience_pb2.Ack.FromString(data))
+                acked = True
+        finally:
+            error = self._finish(call)
+        return acked, error
+
     def _run(self) -> None:
         try:
-            self._run_calls()
+            super()._run()
         finally:
             self._native_channel.close()
-
-    def _run_calls(self) -> None:
-        backoff = _FIRST_BACKOFF_S
-        failing_since = None
-        while True:
-            call = self._open_call()
-            if call is None:
-                return
-            try:
-                while (data := call.read()) is not None:
-                    self._handle_ack(experience_pb2.Ack.FromString(data))
-                    backoff, failing_since = _FIRST_BACKOFF_S, None
-            finally:
-                error = self._finish(call)
-            if error is None:
-                with self.cv:
-                    if self._closing and not self._unacked:
-                        return
-            elif self._ends_stream(error):
-                return
-            now = time.monotonic()
-            failing_since = failing_since or now
-            if self._gave_up(error, now - failing_since):
-                return
-            with self.cv:
-                # Sleeps out the backoff, but wakes at once on abort.
-                if self.cv.wait_for(lambda: self._aborted, backoff):
-                    return
-            backoff = min(backoff * 2, self._max_backoff_s)
-            with self.cv:
-                self._stats.reconnects += 1
