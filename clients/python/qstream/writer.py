@@ -56,8 +56,8 @@ import grpc
 import numpy as np
 from numpy.typing import ArrayLike
 
-from qstream.batch import BOOL, F32, I32, U32, StepColumns
 from qstream import native
+from qstream.batch import BOOL, F32, I32, U32, StepColumns
 from qstream.channel import (PathLike, QstreamError, Servers, aio_channel_factory, channel_for, channel_pem_parts,
                              parse_servers)
 from qstream.proto import experience_pb2
