@@ -168,6 +168,7 @@ def run_actor(
     token: str | None = None,
     token_file: PathLike | None = None,
     max_receive_message_length: int | None = None,
+    transport: str = "auto",
 ) -> ActorResult:
     """Acts in `env_id` (or the given vector env `envs`) until total_steps env
     steps, or until the mean return of the last `return_window` episodes
@@ -182,7 +183,8 @@ def run_actor(
     max_receive_message_length bounds the policy messages (PolicyWatcher;
     default 256 MiB, -1: none); a larger policy raises MessageTooLarge.
     `envs` is a gymnasium vector env (default make_vector_env(env_id,
-    num_envs), which needs the `gym` extra: pip install 'qstream[gym]')."""
+    num_envs), which needs the `gym` extra: pip install 'qstream[gym]').
+    `transport` is the Writer's ("auto", "native" or "aio")."""
     security: dict[str, Any] = dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name,
                     token=token, token_file=token_file)
     servers = parse_servers(server)
@@ -201,7 +203,8 @@ def run_actor(
     # On an exception the writer cancels its stream instead of flushing.
     with PolicyWatcher(servers[0], timeout=connect_timeout_s, max_receive_message_length=max_receive_message_length,
                        **security) as watcher, Writer(
-        servers, max_batch=batch_size, max_delay=max_delay, max_in_flight=max_in_flight, env=env_id, **security
+        servers, max_batch=batch_size, max_delay=max_delay, max_in_flight=max_in_flight, env=env_id,
+        transport=transport, **security
     ) as writer:
         try:
             obs, _ = envs.reset(seed=seed)

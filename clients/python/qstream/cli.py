@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max_receive_message_length", type=int, default=None,
                    help="largest policy message accepted, bytes (4 per network parameter); -1: no limit; "
                         "default 256 MiB")
+    p.add_argument("--transport", choices=["auto", "native", "aio"], default="auto",
+                   help="the stream's transport: native (gRPC C++, libqstream_native), aio (grpc.aio), or auto: "
+                        "native where the library loads")
     a = p.parse_args(argv)
     if (a.tls_cert is None) != (a.tls_key is None):
         p.error("--tls_cert and --tls_key go together")
@@ -57,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             tls_server_name=a.tls_server_name,
             token_file=a.token_file,
             max_receive_message_length=a.max_receive_message_length,
+            transport=a.transport,
         )
     except KeyboardInterrupt:
         return 0

@@ -53,11 +53,13 @@ class ActorClient:
         tls_server_name: str | None = None,
         token: str | None = None,
         token_file: PathLike | None = None,
+        transport: str = "auto",
     ) -> None:
         """Opens the stream to the daemon at `server` (host:port, or several:
         see the module docstring); the TLS and token parameters are those of
         qstream.channel.open_channel (a ValueError names a file that cannot
-        be read) and apply to every address."""
+        be read) and apply to every address; `transport` is the Writer's
+        ("auto", "native" or "aio")."""
         if max_in_flight < 1 or batch_size < 1:
             raise ValueError("batch_size and max_in_flight must be >= 1")
         self.batch_size = batch_size
@@ -65,7 +67,7 @@ class ActorClient:
             server, max_batch=batch_size, max_delay=None, max_in_flight=max_in_flight, block=True,
             stream_id=stream_id, max_backoff_s=max_backoff_s, reconnect_timeout_s=reconnect_timeout_s,
             on_ack=on_ack, channel_options=channel_options, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
-            tls_server_name=tls_server_name, token=token, token_file=token_file,
+            tls_server_name=tls_server_name, token=token, token_file=token_file, transport=transport,
         )
 
     @property

@@ -52,6 +52,17 @@ def test_auto_takes_the_library_when_it_loads_and_aio_when_asked():
     assert stream_of(transport="aio") is AioExperienceStream
 
 
+def test_actor_client_passes_the_transport_to_its_writer(monkeypatch):
+    client = qstream.ActorClient(ADDRESS, transport="aio")
+    try:
+        assert type(client.writer._stream) is AioExperienceStream
+    finally:
+        client.writer.abort()
+    monkeypatch.setenv(native.ENV_VAR, "")
+    with pytest.raises(NativeUnavailable):
+        qstream.ActorClient(ADDRESS, transport="native")
+
+
 def test_bad_transport_arguments_are_named():
     with pytest.raises(ValueError, match="transport must be 'auto', 'native' or 'aio', got 'tcp'"):
         Writer(ADDRESS, obs_dim=2, num_branches=1, transport="tcp")
