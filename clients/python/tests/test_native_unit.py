@@ -80,18 +80,29 @@ def test_a_channel_option_of_another_type_is_named():
         Writer(ADDRESS, obs_dim=2, num_branches=1, transport="native", channel_options=[("grpc.x", 1.5)])
 
 
-def test_a_program_that_never_closes_its_writer_exits_cleanly():
+@pytest.mark.parametrize("daemon", [False, True])
+def test_a_program_that_never_closes_its_writer_exits_cleanly(daemon):
     """The stream's reader thread blocks inside the library (a daemon
-    thread): the interpreter must still exit at once and without a crash."""
+    thread) and gRPC's own threads keep running: the interpreter must still
+    exit at once and without a crash, whether the stream is reconnecting
+    (nothing listens) or connected with batches in flight."""
     require_native()
-    code = ("import numpy as np, qstream\n"
-            f"w = qstream.Writer({ADDRESS!r}, obs_dim=2, num_branches=1, transport='native', max_delay=None)\n"
-            "w.send(qstream.nstep_batch(np.ones((1, 2)), [0], [1.0], [0.0], np.ones((1, 2))))\n"
-            "print('sent', flush=True)\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == "sent\n"
+    d = FakeDaemon() if daemon else None
+    try:
+        address = d.address if d is not None else ADDRESS
+        code = ("import numpy as np, qstream\n"
+                f"w = qstream.Writer({address!r}, obs_dim=2, num_branches=1, transport='native', max_batch=8)\n"
+                "for k in range(40):\n"
+                "    w.append(np.ones((4, 2)), [0] * 4, [1.0] * 4, [False] * 4, [False] * 4,\n"
+                "             next_obs=np.ones((4, 2)))\n"
+                "print('sent', flush=True)\n")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == "sent\n"
+    finally:
+        if d is not None:
+            d.stop()
 
 
 def test_writers_opened_and_closed_one_after_another_leave_the_process_sound():
