@@ -12,7 +12,10 @@ seconds on wall-clock instants shared by the clients and this driver. Peers:
                  (qstream.Writer when present, else ActorClient.send), one
                  message per append of K transitions
   python_buffered  the same appends into a Writer with its defaults
-                 (max_batch 512, max_delay 20 ms): what a user gets
+                 (max_batch 512, max_delay 20 ms): what a user gets; its
+                 stream is the native one (gRPC C++) where --build holds
+                 lib/libqstream_native.so (or $QSTREAM_NATIVE_LIB says so)
+  python_buffered_aio  the same with transport='aio' (grpc.aio)
   reverb_trajectory, reverb_legacy
                  bench/reverb_ingest.py: Reverb's TrajectoryWriter and legacy
                  Writer into a prioritized table (optional; needs dm-reverb)
