@@ -228,7 +228,7 @@ class _BearerToken(
     """Adds the authorization header to every call of the channel."""
 
     def __init__(self, token: str):
-        self._header = ("authorization", f"Bearer {token}")
+        (self._header,) = bearer_metadata(token)
 
     def _details(self, d: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
         metadata = [m for m in (d.metadata or ()) if m[0] != "authorization"]
@@ -249,6 +249,11 @@ class _BearerToken(
 
     def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
         return continuation(self._details(client_call_details), request_iterator)
+
+
+def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The call metadata that carries `token` (none without one)."""
+    return (("authorization", f"Bearer {token}"),) if token is not None else ()
 
 
 def open_channel(
@@ -312,7 +317,7 @@ def aio_channel_factory(
     and `metadata` (the bearer token, if any) goes with each call."""
     given = {k: v for k, v in security.items() if v is not None}
     credentials, channel_options, token = _channel_parts(server, options=options, **given)
-    metadata = (("authorization", f"Bearer {token}"),) if token is not None else ()
+    metadata = bearer_metadata(token)
 
     def open_aio() -> "grpc.aio.Channel":
         if credentials is not None:

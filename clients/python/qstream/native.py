@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-from qstream.channel import QstreamError
+from qstream.channel import QstreamError, bearer_metadata, channel_pem_parts
 
 ENV_VAR = "QSTREAM_NATIVE_LIB"
 LIB_NAME = "libqstream_native.so"
@@ -136,9 +136,7 @@ class Channel:
         c_keys = (ctypes.c_char_p * max(1, n))(*keys)
         c_strs = (ctypes.c_char_p * max(1, n))(*strs)
         c_ints = (ctypes.c_longlong * max(1, n))(*ints)
-        ca, key, cert = pems or (None, None, None)
-        if pems is not None and ca is None and cert is None:
-            ca = b""  # TLS with gRPC's default roots
+        ca, key, cert = pems or (None, None, None)  # TLS when ca or cert is given (channel_pem_parts)
         err = ctypes.create_string_buffer(1024)
         handle = self._lib.qsn_channel_open(
             target.encode(), ca, len(ca or b""), key, len(key or b""), cert, len(cert or b""),
@@ -159,6 +157,16 @@ class Channel:
         if self._handle is not None:
             self._lib.qsn_channel_free(self._handle)
             self._handle = None
+
+
+def open_channel(server: str, *, options: Iterable[tuple[str, Any]] = (), **security: Any
+                 ) -> tuple[Channel, tuple[tuple[str, str], ...]]:
+    """(channel, metadata) to `server` with the parameters of
+    qstream.channel.open_channel (those that are not None), checked by the
+    same code; `metadata` (the bearer token, if any) goes with each call.
+    The counterpart of qstream.channel.aio_channel_factory."""
+    pems, channel_options, token = channel_pem_parts(server, options=options, **security)
+    return Channel(server, pems, channel_options), bearer_metadata(token)
 
 
 class Call:

@@ -58,8 +58,7 @@ from numpy.typing import ArrayLike
 
 from qstream import native
 from qstream.batch import BOOL, F32, I32, U32, StepColumns
-from qstream.channel import (PathLike, QstreamError, Servers, aio_channel_factory, channel_for, channel_pem_parts,
-                             parse_servers)
+from qstream.channel import PathLike, QstreamError, Servers, aio_channel_factory, channel_for, parse_servers
 from qstream.proto import experience_pb2
 from qstream.stream import (AioExperienceStream, BatchRejected, ExperienceStream, NativeExperienceStream, StreamError,
                             StreamStats)
@@ -211,10 +210,8 @@ class Writer:
         else:
             (target,) = parse_servers(target)
             if transport == "native" or (transport == "auto" and native.library() is not None):
-                pems, options, token = channel_pem_parts(target, options=channel_options or (), **security)
-                metadata = (("authorization", f"Bearer {token}"),) if token is not None else ()
-                self._stream = NativeExperienceStream(native.Channel(target, pems, options), metadata=metadata,
-                                                      **stream_args)
+                channel, metadata = native.open_channel(target, options=channel_options or (), **security)
+                self._stream = NativeExperienceStream(channel, metadata=metadata, **stream_args)
             else:  # the stream opens its own grpc.aio channel on its event loop
                 open_aio, metadata = aio_channel_factory(target, options=channel_options or (), **security)
                 self._stream = AioExperienceStream(open_aio, metadata=metadata, **stream_args)
