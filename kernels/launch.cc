@@ -7,7 +7,7 @@ thread_local uint32_t dependent_launch = 0;
 
 }  // namespace
 
-bool DependentLaunch(StepKernel kernel) { return (dependent_launch & StepKernelBit(kernel)) != 0; }
+bool DependentLaunch(StepKernel kernel) { return (dependent_launch >> static_cast<int>(kernel)) & 1u; }
 
 DependentLaunchScope::DependentLaunchScope(uint32_t mask) : previous_(dependent_launch) {
   dependent_launch = mask;

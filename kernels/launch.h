@@ -24,8 +24,8 @@ enum class StepKernel : int {
   kAdam,
   kCount,
 };
+inline constexpr uint32_t kAllStepKernels = (1u << static_cast<int>(StepKernel::kCount)) - 1;
 constexpr uint32_t StepKernelBit(StepKernel k) { return 1u << static_cast<int>(k); }
-inline constexpr uint32_t kAllStepKernels = StepKernelBit(StepKernel::kCount) - 1;
 // The CUDA backend's default on 9.0+ devices: every kernel but the sampler's
 // two and the weight gradients. Measured on H100 (bench/NOTES.md, stop 32):
 // with the sampler's kernels as dependents as well, h200 steps were 1-4 us
