@@ -4,6 +4,7 @@ killed mid-stream losing nothing that was acknowledged."""
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 from tcp_proxy import TcpProxy
 
-from qstream import ActorClient, BatchRejected, Writer, nstep_batch, step_batch
+from qstream import ActorClient, AdminClient, BatchRejected, Writer, nstep_batch, step_batch
 from qstream.batch import to_numpy
 
 # CartPole-shaped; the learner never starts (min size = capacity), so the
@@ -207,6 +208,56 @@ def test_whole_batch_appends_across_cut_connections_insert_every_step_once(start
     # (accepted = 0, the protocol's rule), so the sum of accepted counts may
     # fall short of what is in the replay, never exceed it.
     assert acked <= st.transitions_ingested
+
+
+def test_concurrent_writers_across_cuts_insert_exactly_the_sent_steps(start_daemon, tmp_path):
+    """Four Writers at once (the SDK's default stream: the native one under
+    ctest), each through its own proxy cut twice mid-stream, each appending
+    whole batches from 8 envs with every step tagged: the replay, read back
+    from a checkpoint, holds every sent step exactly once and nothing else."""
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    ckpt = tmp_path / "ckpt"
+    d = start_daemon(IDLE_CONFIG, f"--checkpoint_dir={ckpt}")
+    writers, appends, envs, steps_per_env = 4, 40, 8, 8
+    n = envs * steps_per_env
+    done = np.zeros(n, bool)
+    done[-envs:] = True  # each env's last step ends its episode: all its steps are emitted
+    env_ids = np.tile(np.arange(envs), steps_per_env)
+    failures, reconnects = [], []
+
+    def run(k):
+        proxy = TcpProxy(d.grpc)
+        try:
+            with Writer(proxy.address, obs_dim=4, num_branches=1, max_batch=n, max_delay=None, max_in_flight=8,
+                        max_backoff_s=0.5) as w:
+                for i in range(appends):
+                    if i in (13, 27):
+                        proxy.cut()
+                    obs = np.zeros((n, 4))
+                    obs[:, 0] = (k * appends + i) * n + np.arange(n)  # the tag: unique per step
+                    w.append(obs, np.zeros(n, int), np.ones(n), done, np.zeros(n, bool), next_obs=obs,
+                             env_ids=env_ids)
+                w.flush(timeout=60)
+                reconnects.append(w.stats.reconnects)
+        except BaseException as e:  # raised in the test's thread below
+            failures.append(e)
+        finally:
+            proxy.close()
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not failures, failures
+    assert len(reconnects) == writers and min(reconnects) >= 2
+    total = writers * appends * n
+    assert d.status().transitions_ingested == total
+    with AdminClient(d.grpc) as admin:
+        name = admin.checkpoint("multiset", timeout=60).name
+    replay = safetensors_numpy.load_file(str(ckpt / name / "replay.safetensors"))
+    tags = np.sort(replay["obs"][:, 0])
+    np.testing.assert_array_equal(tags, np.arange(total, dtype=np.float32))
 
 
 def test_close_returns_when_the_daemon_is_gone(start_daemon):
