@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "kernels/launch.cuh"
+#include "kernels/operand.cuh"
 
 namespace qstream::kernels {
 namespace {
@@ -19,23 +20,6 @@ constexpr int kChainWarps = kChainThreads / 32;
 constexpr int kSkew = 8;  // elements added to every shared row (bank spread, keeps 32-byte alignment)
 constexpr int kGLd = kGradTile + kSkew;
 constexpr int kStageLd = 16;  // per-warp accumulator staging, 16 x 16 floats
-
-template <int P>
-using Elem = std::conditional_t<P == int(Precision::kBf16), __nv_bfloat16, float>;
-
-template <int P>
-__device__ __forceinline__ Elem<P> Round(float v) {
-  if constexpr (P == int(Precision::kBf16)) {
-    return __float2bfloat16_rn(v);
-  } else if constexpr (P == int(Precision::kTf32)) {
-    return wmma::__float_to_tf32(v);
-  } else {
-    return v;
-  }
-}
-
-__device__ __forceinline__ float ToFloat(float v) { return v; }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 // 16 bytes global -> shared, asynchronously; zero-filled when !valid.
 __device__ __forceinline__ void CopyAsync16(void* smem, const void* gmem, bool valid) {

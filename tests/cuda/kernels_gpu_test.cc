@@ -9,15 +9,18 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <ostream>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/rng.h"
 #include "kernels/bias_act.h"
 #include "kernels/c51_loss.h"
+#include "kernels/fused_mlp.h"
 #include "kernels/optimizer.h"
 #include "kernels/per_sample.h"
 #include "kernels/replay_commit.h"
@@ -1225,6 +1228,226 @@ TEST_P(AdamTest, MatchesCpuAdamAndTarget) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TargetPeriods, AdamTest, ::testing::Values(0, 5, 7));
+
+// A network of three Linear layers in the flat layout (weights [out][in],
+// then the bias), packed the way cuda::FusedNetwork packs: every weight
+// transposed and its bias as fp32 for the online and the target network's
+// forward, the last two weights straight for the online backward. The first
+// layer alone has more than the launch's 1056 blocks of 32 x 32 tiles, so
+// blocks stride over tiles of several jobs.
+struct PackedNet {
+  struct Layer {
+    int out, in;
+    int64_t w, b;  // offsets
+  };
+  std::vector<Layer> layers;
+  int64_t n = 0;
+  PackedNet() {
+    for (auto [out, in] : {std::pair{1100, 1000}, std::pair{70, 1100}, std::pair{45, 70}}) {
+      layers.push_back({out, in, n, n + int64_t{out} * in});
+      n += int64_t{out} * in + out;
+    }
+  }
+  // Destination i of the program, as (elements, ld) in a buffer of its own.
+  kernels::PackProgram Program(kernels::Precision precision, const float* params, const float* target,
+                               const std::vector<char*>& dst, std::vector<int64_t>* bytes) const {
+    kernels::PackProgram p;
+    p.precision = precision;
+    bytes->clear();
+    auto job = [&](const float* base, int64_t offset, int rows, int cols, bool transpose, bool to_f32) {
+      const int ld = kernels::FusedPadded(transpose ? rows : cols) + (to_f32 ? 0 : 32);
+      kernels::PackJob j;
+      j.src = base != nullptr ? base + offset : nullptr;
+      j.rows = rows;
+      j.cols = cols;
+      j.transpose = transpose;
+      j.to_f32 = to_f32;
+      j.dst_ld = ld;
+      j.dst = dst.empty() ? nullptr : dst[p.num_jobs];
+      const int64_t dst_rows = transpose ? cols : rows;
+      bytes->push_back(dst_rows * ld * (to_f32 ? 4 : kernels::OperandBytes(precision)));
+      p.jobs[p.num_jobs++] = j;
+    };
+    for (const float* base : {params, target}) {
+      for (const Layer& l : layers) {
+        job(base, l.w, l.out, l.in, true, false);
+        job(base, l.b, 1, l.out, false, true);
+      }
+    }
+    for (size_t k = 1; k < layers.size(); ++k)
+      job(params, layers[k].w, layers[k].out, layers[k].in, false, false);
+    return p;
+  }
+};
+
+TEST(AdamPack, PlanGroupsCopiesBySourceAndCoversEveryParameter) {
+  const PackedNet net;
+  std::vector<float> params(net.n), target(net.n);
+  std::vector<int64_t> bytes;
+  kernels::PackProgram pack =
+      net.Program(kernels::Precision::kBf16, params.data(), target.data(), {}, &bytes);
+  kernels::AdamPackProgram plan;
+  ASSERT_EQ(kernels::PlanAdamPack(pack, params.data(), target.data(), net.n, &plan), "");
+  ASSERT_EQ(plan.num_jobs, 6);  // 3 weights, 3 biases
+  EXPECT_EQ(plan.precision, kernels::Precision::kBf16);
+  const int want_dests[] = {2, 2, 3, 2, 3, 2};  // weights 2, 3: online fwd + bwd, target
+  int tiles = 0;
+  int64_t next = 0;
+  for (int j = 0; j < plan.num_jobs; ++j) {
+    const kernels::AdamPackJob& job = plan.jobs[j];
+    EXPECT_EQ(job.offset, next) << j;
+    EXPECT_EQ(job.first_tile, tiles) << j;
+    EXPECT_EQ(job.num_dests, want_dests[j]) << j;
+    int from_target = 0;
+    for (int d = 0; d < job.num_dests; ++d) from_target += job.dests[d].from_target;
+    EXPECT_EQ(from_target, 1) << j;
+    next += int64_t{job.rows} * job.cols;
+    tiles += ((job.rows + 31) / 32) * ((job.cols + 31) / 32);
+  }
+  EXPECT_EQ(next, net.n);
+  EXPECT_EQ(plan.num_tiles, tiles);
+  EXPECT_GT(tiles, 1056);
+
+  // What it refuses, and says so.
+  auto refused = [&](kernels::PackProgram p, int64_t n) {
+    return kernels::PlanAdamPack(p, params.data(), target.data(), n, &plan);
+  };
+  kernels::PackProgram gap = pack;
+  gap.jobs[1] = gap.jobs[0];  // the first bias is packed by nobody
+  gap.jobs[7] = gap.jobs[6];
+  EXPECT_NE(refused(gap, net.n).find("packed by no job"), std::string::npos) << refused(gap, net.n);
+  kernels::PackProgram shape = pack;
+  shape.jobs[6].cols -= 1;  // the target's first weight read with another shape
+  EXPECT_NE(refused(shape, net.n).find("another job as"), std::string::npos) << refused(shape, net.n);
+  kernels::PackProgram overlap = pack;
+  overlap.jobs[1].src -= 1;  // the first bias starts inside the weight before it
+  overlap.jobs[7].src -= 1;
+  EXPECT_NE(refused(overlap, net.n).find("two matrices"), std::string::npos) << refused(overlap, net.n);
+  EXPECT_NE(refused(pack, net.n + 1).find("packed by no job"), std::string::npos);
+  EXPECT_NE(refused(pack, net.n - 1).find("past the parameters"), std::string::npos);
+  kernels::PackProgram outside = pack;
+  const std::vector<float> elsewhere(16);
+  outside.jobs[0].src = elsewhere.data();
+  EXPECT_NE(refused(outside, net.n).find("outside both networks"), std::string::npos);
+  kernels::PackProgram many = pack;
+  for (int k = 0; k < 3; ++k) many.jobs[many.num_jobs++] = pack.jobs[0];
+  EXPECT_NE(refused(many, net.n).find("copies of offset 0"), std::string::npos) << refused(many, net.n);
+}
+
+class AdamPackTest : public ::testing::TestWithParam<std::tuple<kernels::Precision, int>> {};
+
+// The fused pass against what the step did before it: LaunchAdamTarget, then
+// LaunchPack of the updated networks. Parameters, moments, target and every
+// packed copy (padding included: both leave it as it was) bitwise equal.
+TEST_P(AdamPackTest, EqualsAdamThenPackBitwise) {
+  QS_SKIP_WITHOUT_GPU();
+  const auto [precision, period] = GetParam();
+  const PackedNet net;
+  const int64_t n = net.n;
+  std::mt19937_64 rng(29 + period + 7 * static_cast<int>(precision));
+  const auto theta = RandomUniform(rng, n, -1, 1), g = RandomUniform(rng, n, -1, 1);
+  const auto m = RandomUniform(rng, n, -0.1f, 0.1f), v = RandomUniform(rng, n, 0, 0.01f);
+  const auto target = RandomUniform(rng, n, -1, 1);
+  for (int apply = 0; apply <= 1; ++apply) {
+    kernels::DeviceState s;
+    s.t = 10;  // a copy step when period == 5
+    s.apply = apply;
+    s.clip_scale = 0.7f;
+    s.adam_updates = 3;
+    s.bias_correction1 = static_cast<float>(1.0 - std::pow(0.9, 3));
+    s.bias_correction2 = static_cast<float>(1.0 - std::pow(0.999, 3));
+    DeviceArray<kernels::DeviceState> state(std::vector<kernels::DeviceState>{s});
+    struct Run {
+      std::unique_ptr<DeviceArray<float>> theta, m, v, target;
+      std::vector<std::unique_ptr<DeviceArray<char>>> dst;
+    };
+    std::vector<int64_t> bytes;
+    net.Program(precision, nullptr, nullptr, {}, &bytes);
+    auto make = [&] {
+      Run r;
+      r.theta = std::make_unique<DeviceArray<float>>(theta);
+      r.m = std::make_unique<DeviceArray<float>>(m);
+      r.v = std::make_unique<DeviceArray<float>>(v);
+      r.target = std::make_unique<DeviceArray<float>>(target);
+      for (int64_t b : bytes) {
+        r.dst.push_back(std::make_unique<DeviceArray<char>>(static_cast<size_t>(b)));
+        r.dst.back()->Poison();
+      }
+      return r;
+    };
+    auto args = [&](const Run& r) {
+      kernels::AdamArgs a;
+      a.params = r.theta->get();
+      a.grads = nullptr;
+      a.m = r.m->get();
+      a.v = r.v->get();
+      a.target = r.target->get();
+      a.n = n;
+      a.lr = 1e-3f;
+      a.beta1 = 0.9f;
+      a.beta2 = 0.999f;
+      a.epsilon = 1e-8f;
+      a.tau = 0.005f;
+      a.target_period = period;
+      a.state = state.get();
+      return a;
+    };
+    auto program = [&](const Run& r) {
+      std::vector<char*> dst;
+      for (const auto& d : r.dst) dst.push_back(d->get());
+      std::vector<int64_t> unused;
+      return net.Program(precision, r.theta->get(), r.target->get(), dst, &unused);
+    };
+    DeviceArray<float> d_g(g);
+    Run want = make(), got = make();
+    kernels::AdamArgs a = args(want);
+    a.grads = d_g.get();
+    QS_ASSERT_CUDA(kernels::LaunchAdamTarget(a, nullptr));
+    const kernels::PackProgram pack_want = program(want);
+    DeviceArray<kernels::PackProgram> d_pack(std::vector<kernels::PackProgram>{pack_want});
+    QS_ASSERT_CUDA(kernels::LaunchPack(pack_want, d_pack.get(), nullptr));
+
+    kernels::AdamPackProgram plan;
+    ASSERT_EQ(kernels::PlanAdamPack(program(got), got.theta->get(), got.target->get(), n, &plan), "");
+    DeviceArray<kernels::AdamPackProgram> d_plan(std::vector<kernels::AdamPackProgram>{plan});
+    a = args(got);
+    a.grads = d_g.get();
+    QS_ASSERT_CUDA(kernels::LaunchAdamPack(a, plan, d_plan.get(), nullptr));
+
+    const std::string where = "apply " + std::to_string(apply);
+    auto bits = [](const std::vector<float>& x) {
+      std::vector<uint32_t> out(x.size());
+      std::memcpy(out.data(), x.data(), x.size() * sizeof(float));
+      return out;
+    };
+    EXPECT_EQ(bits(got.theta->Download()), bits(want.theta->Download())) << where;
+    EXPECT_EQ(bits(got.m->Download()), bits(want.m->Download())) << where;
+    EXPECT_EQ(bits(got.v->Download()), bits(want.v->Download())) << where;
+    EXPECT_EQ(bits(got.target->Download()), bits(want.target->Download())) << where;
+    if (apply == 1) {
+      EXPECT_NE(bits(got.theta->Download()), bits(theta)) << "the update ran";
+    }
+    for (size_t d = 0; d < bytes.size(); ++d) {
+      const std::vector<char> w = want.dst[d]->Download(), h = got.dst[d]->Download();
+      size_t differ = 0;
+      for (size_t i = 0; i < w.size(); ++i) differ += w[i] != h[i];
+      EXPECT_EQ(differ, 0u) << where << ", copy " << d << " of " << bytes.size();
+    }
+  }
+}
+
+std::string AdamPackName(const ::testing::TestParamInfo<std::tuple<kernels::Precision, int>>& info) {
+  const char* const names[] = {"Fp32", "Tf32", "Bf16"};
+  return std::string(names[static_cast<int>(std::get<0>(info.param))]) + "_Period" +
+         std::to_string(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(PrecisionsAndPeriods, AdamPackTest,
+                         ::testing::Combine(::testing::Values(kernels::Precision::kFp32,
+                                                              kernels::Precision::kTf32,
+                                                              kernels::Precision::kBf16),
+                                            ::testing::Values(0, 5, 7)),
+                         AdamPackName);
 
 }  // namespace
 }  // namespace qstream

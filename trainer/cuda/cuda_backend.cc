@@ -125,6 +125,9 @@ class CudaBackend final : public Backend {
   float* target() const { return net_params_.get() + target_offset_; }
   // The loss over the logits the network pass wrote (fused or cuBLASLt).
   absl::Status EnqueueLoss();
+  // After the parameters were written outside the step: the fused path's
+  // operand copies from them, on the stream (no-op on cuBLASLt).
+  absl::Status RefreshPacked();
   absl::Status EnqueueStatsCopy() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HarvestStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -419,8 +422,8 @@ absl::Status CudaBackend::EnqueueStep() {
 
   if (fused_ != nullptr) {
     // 3. Online forward on s and s', target forward on s': one kernel, from
-    //    this step's packed operand copy of both networks.
-    QS_RETURN_IF_ERROR(fused_->EnqueuePack(s));
+    //    the packed operand copies of both networks (the last step's Adam
+    //    pass wrote them, or RefreshPacked after the parameters were set).
     QS_RETURN_IF_ERROR(fused_->EnqueueForward(s));
     // 4-7. Dueling softmax, double DQN, projection (+ label smoothing), CE
     //      (+ MSE blend), d logits, Q stats.
@@ -478,7 +481,8 @@ absl::Status CudaBackend::EnqueueStep() {
   }
   QS_CUDA_CHECK(kernels::LaunchFinalize(fin, s));
 
-  // 10. Clip + Adam (skipped on a trip) and the target update, one pass.
+  // 10. Clip + Adam (skipped on a trip) and the target update, one pass
+  //     (on the fused path also writing the next step's operand copies).
   kernels::AdamArgs adam;
   adam.params = params();
   adam.grads = grads_.get();
@@ -495,8 +499,16 @@ absl::Status CudaBackend::EnqueueStep() {
   adam.tau = opt.target_tau();
   adam.target_period = opt.target_update_period();
   adam.state = state_.get();
-  QS_CUDA_CHECK(kernels::LaunchAdamTarget(adam, s));
+  if (fused_ != nullptr) {
+    QS_RETURN_IF_ERROR(fused_->EnqueueAdam(adam, s));
+  } else {
+    QS_CUDA_CHECK(kernels::LaunchAdamTarget(adam, s));
+  }
+  return absl::OkStatus();
+}
 
+absl::Status CudaBackend::RefreshPacked() {
+  if (fused_ != nullptr) QS_RETURN_IF_ERROR(fused_->EnqueuePack(stream_.get()));
   return absl::OkStatus();
 }
 
@@ -629,6 +641,7 @@ absl::Status CudaBackend::SetParams(const std::vector<float>& values) {
   const size_t bytes = values.size() * sizeof(float);
   QS_CUDA_CHECK(cudaMemcpyAsync(params(), values.data(), bytes, cudaMemcpyHostToDevice, stream_.get()));
   QS_CUDA_CHECK(cudaMemcpyAsync(target(), values.data(), bytes, cudaMemcpyHostToDevice, stream_.get()));
+  QS_RETURN_IF_ERROR(RefreshPacked());
   QS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   return absl::OkStatus();
 }
@@ -710,6 +723,7 @@ absl::Status CudaBackend::LoadState(const BackendState& in, StateParts parts) {
   QS_CUDA_CHECK(
       cudaMemcpyAsync(adam_v_.get(), in.adam_v.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
   QS_CUDA_CHECK(cudaMemcpyAsync(state_.get(), &state, sizeof(state), cudaMemcpyHostToDevice, s));
+  QS_RETURN_IF_ERROR(RefreshPacked());
   QS_CUDA_CHECK(cudaStreamSynchronize(s));
   return absl::OkStatus();
 }
@@ -728,6 +742,7 @@ absl::Status CudaBackend::SyncGroup() {
   static_assert(offsetof(kernels::DeviceState, t) == 0 &&
                 offsetof(kernels::DeviceState, adam_updates) == sizeof(int64_t));
   QS_RETURN_IF_ERROR(comm_->Broadcast(state_.get(), 2 * sizeof(int64_t), 0, s));
+  QS_RETURN_IF_ERROR(RefreshPacked());
   kernels::DeviceState state;
   QS_CUDA_CHECK(cudaMemcpyAsync(&state, state_.get(), sizeof(state), cudaMemcpyDeviceToHost, s));
   QS_CUDA_CHECK(cudaStreamSynchronize(s));
