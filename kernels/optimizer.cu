@@ -5,6 +5,7 @@
 #include "common/step_constants.h"
 #include "kernels/launch.cuh"
 #include "kernels/operand.cuh"
+#include "kernels/priority_sums.cuh"
 #include "kernels/warp_reduce.cuh"
 
 namespace qstream::kernels {
@@ -71,10 +72,19 @@ __device__ __forceinline__ float AdamElement(const AdamArgs& a, const AdamStep& 
   return theta;
 }
 
-__global__ void __launch_bounds__(kThreads) AdamTargetKernel(AdamArgs a) {
+// Blocks from `update_blocks` on: chunk blockIdx.x - update_blocks of the priority sums.
+__device__ __forceinline__ bool PrioritySumsTail(const AdamArgs& a, int update_blocks) {
+  if (static_cast<int>(blockIdx.x) < update_blocks) return false;
+  SumPriorityChunk(a.sums, static_cast<int>(blockIdx.x) - update_blocks);
+  return true;
+}
+
+__global__ void __launch_bounds__(kThreads) AdamTargetKernel(AdamArgs a, int update_blocks) {
   WaitForPredecessor();
+  if (PrioritySumsTail(a, update_blocks)) return;
   const AdamStep st = AdamStepOf(a);
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < a.n; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < a.n;
+       i += int64_t{update_blocks} * blockDim.x) {
     float tg;
     AdamElement(a, st, i, &tg);
   }
@@ -98,8 +108,9 @@ __device__ __forceinline__ void StoreCopy(const AdamPackDest& d, int64_t at, flo
 // after a barrier, so their stores are coalesced too.
 template <int P>
 __global__ void __launch_bounds__(kThreads)
-    AdamPackKernel(AdamArgs a, const AdamPackProgram* __restrict__ prog) {
+    AdamPackKernel(AdamArgs a, const AdamPackProgram* __restrict__ prog, int update_blocks) {
   WaitForPredecessor();
+  if (PrioritySumsTail(a, update_blocks)) return;
   __shared__ float online[kTile][kTile + 1];
   __shared__ float target[kTile][kTile + 1];
   const AdamStep st = AdamStepOf(a);
@@ -107,7 +118,7 @@ __global__ void __launch_bounds__(kThreads)
   const int ty = static_cast<int>(threadIdx.x) / kTile;
   const int num_jobs = prog->num_jobs;
   int j = 0;
-  for (int t = blockIdx.x; t < prog->num_tiles; t += gridDim.x) {  // uniform per block: barriers are safe
+  for (int t = blockIdx.x; t < prog->num_tiles; t += update_blocks) {  // uniform per block: barriers are safe
     while (j + 1 < num_jobs && prog->jobs[j + 1].first_tile <= t) ++j;
     const AdamPackJob& job = prog->jobs[j];
     const int tiles_c = (job.cols + kTile - 1) / kTile;
@@ -140,12 +151,16 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+constexpr int kMaxUpdateBlocks = 1056;  // 8 blocks per SM on 132 SMs; the rest is grid-stride
+
 int GridFor(int64_t n) {
   int64_t blocks = (n + kThreads - 1) / kThreads;
   if (blocks < 1) blocks = 1;
-  if (blocks > 1056) blocks = 1056;  // 8 blocks per SM on 132 SMs; the rest is grid-stride
+  if (blocks > kMaxUpdateBlocks) blocks = kMaxUpdateBlocks;
   return static_cast<int>(blocks);
 }
+
+int SumsBlocks(const AdamArgs& a) { return a.sums.sums != nullptr ? a.sums.chunks : 0; }
 
 }  // namespace
 
@@ -155,16 +170,19 @@ cudaError_t LaunchGradSumSquares(const float* grads, int64_t n, float* partials,
 }
 
 cudaError_t LaunchAdamTarget(const AdamArgs& a, cudaStream_t stream) {
-  return LaunchDependent(StepKernel::kAdam, AdamTargetKernel, GridFor(a.n), kThreads, 0, stream, a);
+  const int update_blocks = GridFor(a.n);
+  return LaunchDependent(StepKernel::kAdam, AdamTargetKernel, update_blocks + SumsBlocks(a), kThreads, 0,
+                         stream, a, update_blocks);
 }
 
 cudaError_t LaunchAdamPack(const AdamArgs& a, const AdamPackProgram& p, const AdamPackProgram* device_program,
                            cudaStream_t stream) {
-  const int grid = std::max(1, std::min(p.num_tiles, 1056));
-  void (*kernel)(AdamArgs, const AdamPackProgram*) = AdamPackKernel<0>;
+  const int update_blocks = std::max(1, std::min(p.num_tiles, kMaxUpdateBlocks));
+  void (*kernel)(AdamArgs, const AdamPackProgram*, int) = AdamPackKernel<0>;
   if (p.precision == Precision::kBf16) kernel = AdamPackKernel<2>;
   if (p.precision == Precision::kTf32) kernel = AdamPackKernel<1>;
-  return LaunchDependent(StepKernel::kAdam, kernel, grid, kThreads, 0, stream, a, device_program);
+  return LaunchDependent(StepKernel::kAdam, kernel, update_blocks + SumsBlocks(a), kThreads, 0, stream, a,
+                         device_program, update_blocks);
 }
 
 }  // namespace qstream::kernels

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kernels/fused_mlp.h"
+#include "kernels/per_sample.h"
 #include "kernels/views.h"
 
 namespace qstream::kernels {
@@ -41,6 +42,11 @@ struct AdamArgs {
   float tau = 0;
   int32_t target_period = 0;  // > 0: hard copy every period steps; 0: EMA
   const DeviceState* state = nullptr;
+  // The sampler's priority sums (per_sample.h), or sums.sums null: blocks
+  // after the update's own sum every chunk again, beside the update, from the
+  // priorities the finalize kernel before this one wrote back, so the next
+  // step's sampler finds them current.
+  PrioritySums sums;
 };
 
 // One pass, thread i (grid-stride) owns element i: when the guard passed,

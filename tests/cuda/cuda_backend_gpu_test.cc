@@ -272,6 +272,41 @@ TEST(CudaBackend, SetParamsTakesEffectAtTheNextStep) {
   }
 }
 
+// Inserts between steps reach the next step's sampler (the replay's commit
+// keeps the priority sums current for the chunks it wrote; the step's last
+// kernel for its write-back): a 5-chunk ring filled part way, then batches
+// inserted between steps until it wraps, on both paths, parameters within
+// fp32 tolerance of the CPU backend's after every step.
+TEST(CudaBackend, InsertsBetweenStepsMatchCpu) {
+  QS_SKIP_WITHOUT_GPU();
+  v1::TrainerConfig c = TestConfig(v1::TrainerConfig::FP32);
+  c.mutable_replay()->set_capacity(4500);
+  for (bool cublas : {false, true}) {
+    const ScopedPath path(cublas);
+    auto gpu = MustCreate(c, true);
+    auto cpu = MustCreate(c, false);
+    ASSERT_TRUE(gpu && cpu);
+    for (Backend* b : {gpu.get(), cpu.get()}) ASSERT_TRUE(b->Insert(RandomTransitions(c, 2100, 1)).ok());
+    for (int step = 0; step < 12; ++step) {
+      if (step % 2 == 1) {
+        const TransitionColumns batch = RandomTransitions(c, 300 + 97 * step, 10 + step);
+        ASSERT_TRUE(gpu->Insert(batch).ok());
+        ASSERT_TRUE(cpu->Insert(batch).ok());
+      }
+      ASSERT_TRUE(gpu->Step().ok());
+      ASSERT_TRUE(cpu->Step().ok());
+      EXPECT_LE(RelError(gpu->GetParams(), cpu->GetParams()), 1e-5)
+          << (cublas ? "cublas" : "fused") << " step " << step;
+    }
+    EXPECT_EQ(gpu->replay_size(), 4500);
+    BackendState g, k;
+    ASSERT_TRUE(gpu->SaveState(true, &g).ok());
+    ASSERT_TRUE(cpu->SaveState(true, &k).ok());
+    EXPECT_EQ(g.replay.cursor, k.replay.cursor);
+    EXPECT_LE(RelError(g.replay.priorities, k.replay.priorities), 1e-4);
+  }
+}
+
 TEST(CudaBackend, TwoRunsBitwiseEqual) {
   QS_SKIP_WITHOUT_GPU();
   for (Precision precision : {v1::TrainerConfig::FP32, v1::TrainerConfig::TF32, v1::TrainerConfig::BF16}) {

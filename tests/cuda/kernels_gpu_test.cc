@@ -456,6 +456,24 @@ SampleReference ReferencePrioritySample(const std::vector<float>& prio, int64_t 
   return ref;
 }
 
+// The sums PrioritySums documents (per_sample.h), on the host: per chunk of
+// 2^PriorityChunkLog2 slots, the fixed-point sums of its 32 sub-chunks after
+// the chunk totals.
+std::vector<uint64_t> ReferencePrioritySums(const std::vector<float>& prio) {
+  const int64_t capacity = static_cast<int64_t>(prio.size());
+  const float scale = std::ldexp(1.0f, kernels::FixedPointShift(capacity));
+  const int64_t chunks = kernels::PriorityChunks(capacity);
+  const int64_t chunk_len = int64_t{1} << kernels::PriorityChunkLog2(capacity);
+  const int64_t sub_len = chunk_len / 32;
+  std::vector<uint64_t> sums(kernels::PrioritySumWords(capacity), 0);
+  for (int64_t i = 0; i < capacity; ++i) {
+    const auto v = static_cast<uint64_t>(std::rint(prio[i] * scale));
+    sums[i / chunk_len] += v;
+    sums[chunks + i / sub_len] += v;
+  }
+  return sums;
+}
+
 struct SampleCase {
   const char* name;
   int64_t capacity;
@@ -540,15 +558,21 @@ TEST_P(PrioritySampleBitwiseTest, MatchesFixedPointDefinitionBitwise) {
   if (c.stale) {
     EXPECT_GT(clamped, 0) << "the case must exercise the clamp";
   }
-  // The same step again: the same bits (no atomics, no run-to-run order).
-  idx.Poison();
-  w.Poison();
-  QS_ASSERT_CUDA(kernels::LaunchPrioritySample(a, nullptr));
-  EXPECT_EQ(idx.Download(), got_idx);
-  const auto again_w = w.Download();
-  for (int b = 0; b < c.batch; ++b) {
-    EXPECT_EQ(std::bit_cast<uint32_t>(again_w[b]), std::bit_cast<uint32_t>(got_w[b])) << "b=" << b;
+  // The same step again: the same bits (no atomics, no run-to-run order),
+  // and again from the sums as they are (sums_current: the sample kernel
+  // alone, as the step launches it).
+  for (bool current : {false, true}) {
+    idx.Poison();
+    w.Poison();
+    a.sums_current = current;
+    QS_ASSERT_CUDA(kernels::LaunchPrioritySample(a, nullptr));
+    EXPECT_EQ(idx.Download(), got_idx) << "sums_current " << current;
+    const auto again_w = w.Download();
+    for (int b = 0; b < c.batch; ++b) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(again_w[b]), std::bit_cast<uint32_t>(got_w[b])) << "b=" << b;
+    }
   }
+  EXPECT_EQ(sums.Download(), ReferencePrioritySums(prio));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, PrioritySampleBitwiseTest,
@@ -1015,85 +1039,116 @@ TEST(ReplayCommit, MovesAStagedChunkIntoTheRing) {
     int obs_dim, branches;
   };
   const int64_t cap = 700 + static_cast<int64_t>(rng() % 300);
+  const int64_t big = 5000 + static_cast<int64_t>(rng() % 1000);  // 5 or 6 chunks of 1024 slots
   const std::vector<Case> cases = {
-      {cap, cap - 37, 100, 128, 48, 4},  // wraps
-      {cap, 0, cap, cap, 5, 1},          // the whole ring, full staging
-      {cap, 123, 1, 64, 48, 4},          // one row
-      {cap, cap - 1, 2, 3, 7, 3},        // wraps after one row
-      {cap, 200, 300, 512, 1, 2},        // no wrap
+      {cap, cap - 37, 100, 128, 48, 4},     // wraps
+      {cap, 0, cap, cap, 5, 1},             // the whole ring, full staging
+      {cap, 123, 1, 64, 48, 4},             // one row
+      {cap, cap - 1, 2, 3, 7, 3},           // wraps after one row
+      {cap, 200, 300, 512, 1, 2},           // no wrap
+      {big, big - 1500, 3000, 3000, 1, 1},  // wraps: the last chunks and the first
+      {big, 1030, big - 10, big, 1, 1},     // wraps back into its first chunk: all of them
+      {big, 2500, big, big, 1, 1},          // the whole ring from the middle
+      {big, big - 5, 10, 16, 2, 1},         // the partial last chunk and chunk 0
+      {big, 1024, 1024, 1024, 1, 1},        // exactly chunk 1
   };
-  for (const Case& k : cases) {
-    SCOPED_TRACE(::testing::Message() << "capacity " << k.capacity << " first " << k.first_slot << " count "
-                                      << k.count << " obs_dim " << k.obs_dim << " branches " << k.branches);
-    const int d = k.obs_dim, nb = k.branches;
-    const size_t c = static_cast<size_t>(k.capacity), r = static_cast<size_t>(k.stride);
-    auto ring_obs = RandomUniform(rng, c * d, -1, 1), ring_next = RandomUniform(rng, c * d, -1, 1);
-    auto ring_rew = RandomUniform(rng, c, -1, 1), ring_disc = RandomUniform(rng, c, 0, 1);
-    auto ring_prio = RandomUniform(rng, c, 0.1f, 1);
-    std::vector<int32_t> ring_act(c * nb);
-    for (int32_t& a : ring_act) a = static_cast<int32_t>(rng() % 1000);
-    // Staging: five regions of `stride` rows; rows past count are NaN bytes.
-    std::vector<float> staged(r * (2 * d + nb + 2));
-    std::memset(staged.data(), 0xFF, staged.size() * sizeof(float));
-    const size_t o_next = r * d, o_act = 2 * r * d, o_rew = o_act + r * nb, o_disc = o_rew + r;
-    auto s_obs = RandomUniform(rng, k.count * d, -5, 5), s_next = RandomUniform(rng, k.count * d, -5, 5);
-    auto s_rew = RandomUniform(rng, k.count, -5, 5), s_disc = RandomUniform(rng, k.count, 0, 1);
-    std::vector<int32_t> s_act(k.count * nb);
-    for (int32_t& a : s_act) a = static_cast<int32_t>(rng() % 1000);
-    std::copy(s_obs.begin(), s_obs.end(), staged.begin());
-    std::copy(s_next.begin(), s_next.end(), staged.begin() + o_next);
-    std::memcpy(staged.data() + o_act, s_act.data(), s_act.size() * sizeof(int32_t));
-    std::copy(s_rew.begin(), s_rew.end(), staged.begin() + o_rew);
-    std::copy(s_disc.begin(), s_disc.end(), staged.begin() + o_disc);
+  for (int with_sums = 0; with_sums <= 1; ++with_sums)
+    for (const Case& k : cases) {
+      SCOPED_TRACE(::testing::Message()
+                   << "capacity " << k.capacity << " first " << k.first_slot << " count " << k.count
+                   << " obs_dim " << k.obs_dim << " branches " << k.branches << " sums " << with_sums);
+      const int d = k.obs_dim, nb = k.branches;
+      const size_t c = static_cast<size_t>(k.capacity), r = static_cast<size_t>(k.stride);
+      auto ring_obs = RandomUniform(rng, c * d, -1, 1), ring_next = RandomUniform(rng, c * d, -1, 1);
+      auto ring_rew = RandomUniform(rng, c, -1, 1), ring_disc = RandomUniform(rng, c, 0, 1);
+      auto ring_prio = RandomUniform(rng, c, 0.1f, 1);
+      std::vector<int32_t> ring_act(c * nb);
+      for (int32_t& a : ring_act) a = static_cast<int32_t>(rng() % 1000);
+      // Staging: five regions of `stride` rows; rows past count are NaN bytes.
+      std::vector<float> staged(r * (2 * d + nb + 2));
+      std::memset(staged.data(), 0xFF, staged.size() * sizeof(float));
+      const size_t o_next = r * d, o_act = 2 * r * d, o_rew = o_act + r * nb, o_disc = o_rew + r;
+      auto s_obs = RandomUniform(rng, k.count * d, -5, 5), s_next = RandomUniform(rng, k.count * d, -5, 5);
+      auto s_rew = RandomUniform(rng, k.count, -5, 5), s_disc = RandomUniform(rng, k.count, 0, 1);
+      std::vector<int32_t> s_act(k.count * nb);
+      for (int32_t& a : s_act) a = static_cast<int32_t>(rng() % 1000);
+      std::copy(s_obs.begin(), s_obs.end(), staged.begin());
+      std::copy(s_next.begin(), s_next.end(), staged.begin() + o_next);
+      std::memcpy(staged.data() + o_act, s_act.data(), s_act.size() * sizeof(int32_t));
+      std::copy(s_rew.begin(), s_rew.end(), staged.begin() + o_rew);
+      std::copy(s_disc.begin(), s_disc.end(), staged.begin() + o_disc);
 
-    DeviceArray<float> d_staged(staged), d_obs(ring_obs), d_next(ring_next), d_rew(ring_rew),
-        d_disc(ring_disc), d_prio(ring_prio);
-    DeviceArray<int32_t> d_act(ring_act);
-    kernels::DeviceState state;
-    state.max_priority = 0.25f + static_cast<float>(rng() % 100) / 64.0f;
-    state.replay_size = 5;
-    DeviceArray<kernels::DeviceState> d_state(std::vector<kernels::DeviceState>{state});
+      DeviceArray<float> d_staged(staged), d_obs(ring_obs), d_next(ring_next), d_rew(ring_rew),
+          d_disc(ring_disc), d_prio(ring_prio);
+      DeviceArray<int32_t> d_act(ring_act);
+      kernels::DeviceState state;
+      state.max_priority = 0.25f + static_cast<float>(rng() % 100) / 64.0f;
+      state.replay_size = 5;
+      DeviceArray<kernels::DeviceState> d_state(std::vector<kernels::DeviceState>{state});
 
-    kernels::ReplayCommitArgs a;
-    a.staged.obs = d_staged.get();
-    a.staged.next_obs = d_staged.get() + o_next;
-    a.staged.actions = reinterpret_cast<const int32_t*>(d_staged.get() + o_act);
-    a.staged.rewards = d_staged.get() + o_rew;
-    a.staged.discounts = d_staged.get() + o_disc;
-    a.ring = {d_obs.get(),  d_next.get(), d_act.get(), d_rew.get(), d_disc.get(),
-              d_prio.get(), k.capacity,   d,           nb};
-    a.first_slot = k.first_slot;
-    a.count = k.count;
-    a.new_size = std::min(k.capacity, 5 + k.count);
-    a.new_cursor = (k.first_slot + k.count) % k.capacity;
-    a.state = d_state.get();
-    QS_ASSERT_CUDA(kernels::LaunchReplayCommit(a, nullptr));
+      kernels::ReplayCommitArgs a;
+      a.staged.obs = d_staged.get();
+      a.staged.next_obs = d_staged.get() + o_next;
+      a.staged.actions = reinterpret_cast<const int32_t*>(d_staged.get() + o_act);
+      a.staged.rewards = d_staged.get() + o_rew;
+      a.staged.discounts = d_staged.get() + o_disc;
+      a.ring = {d_obs.get(),  d_next.get(), d_act.get(), d_rew.get(), d_disc.get(),
+                d_prio.get(), k.capacity,   d,           nb};
+      a.first_slot = k.first_slot;
+      a.count = k.count;
+      a.new_size = std::min(k.capacity, 5 + k.count);
+      a.new_cursor = (k.first_slot + k.count) % k.capacity;
+      a.state = d_state.get();
+      // With sums: they start as the sums of the old priorities (untouched
+      // chunks must keep theirs) and must end as those of the new ones.
+      DeviceArray<uint64_t> d_sums(ReferencePrioritySums(ring_prio));
+      if (with_sums) a.sums = kernels::MakePrioritySums(d_prio.get(), k.capacity, d_sums.get());
+      QS_ASSERT_CUDA(kernels::LaunchReplayCommit(a, nullptr));
 
-    // The reference: the same rows written slot by slot on the host.
-    for (int64_t i = 0; i < k.count; ++i) {
-      const size_t slot = static_cast<size_t>((k.first_slot + i) % k.capacity);
-      std::copy_n(s_obs.begin() + i * d, d, ring_obs.begin() + slot * d);
-      std::copy_n(s_next.begin() + i * d, d, ring_next.begin() + slot * d);
-      std::copy_n(s_act.begin() + i * nb, nb, ring_act.begin() + slot * nb);
-      ring_rew[slot] = s_rew[i];
-      ring_disc[slot] = s_disc[i];
-      ring_prio[slot] = state.max_priority;
+      // The reference: the same rows written slot by slot on the host.
+      for (int64_t i = 0; i < k.count; ++i) {
+        const size_t slot = static_cast<size_t>((k.first_slot + i) % k.capacity);
+        std::copy_n(s_obs.begin() + i * d, d, ring_obs.begin() + slot * d);
+        std::copy_n(s_next.begin() + i * d, d, ring_next.begin() + slot * d);
+        std::copy_n(s_act.begin() + i * nb, nb, ring_act.begin() + slot * nb);
+        ring_rew[slot] = s_rew[i];
+        ring_disc[slot] = s_disc[i];
+        ring_prio[slot] = state.max_priority;
+      }
+      auto bits = [](const std::vector<float>& v) {
+        std::vector<uint32_t> b(v.size());
+        std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+        return b;
+      };
+      EXPECT_EQ(bits(d_obs.Download()), bits(ring_obs));
+      EXPECT_EQ(bits(d_next.Download()), bits(ring_next));
+      EXPECT_EQ(d_act.Download(), ring_act);
+      EXPECT_EQ(bits(d_rew.Download()), bits(ring_rew));
+      EXPECT_EQ(bits(d_disc.Download()), bits(ring_disc));
+      EXPECT_EQ(bits(d_prio.Download()), bits(ring_prio));
+      const kernels::DeviceState after = d_state.Download()[0];
+      EXPECT_EQ(after.replay_size, a.new_size);
+      EXPECT_EQ(after.replay_cursor, a.new_cursor);
+      EXPECT_EQ(after.max_priority, state.max_priority);
+      if (with_sums) {
+        EXPECT_EQ(d_sums.Download(), ReferencePrioritySums(ring_prio));
+      }
     }
-    auto bits = [](const std::vector<float>& v) {
-      std::vector<uint32_t> b(v.size());
-      std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
-      return b;
-    };
-    EXPECT_EQ(bits(d_obs.Download()), bits(ring_obs));
-    EXPECT_EQ(bits(d_next.Download()), bits(ring_next));
-    EXPECT_EQ(d_act.Download(), ring_act);
-    EXPECT_EQ(bits(d_rew.Download()), bits(ring_rew));
-    EXPECT_EQ(bits(d_disc.Download()), bits(ring_disc));
-    EXPECT_EQ(bits(d_prio.Download()), bits(ring_prio));
-    const kernels::DeviceState after = d_state.Download()[0];
-    EXPECT_EQ(after.replay_size, a.new_size);
-    EXPECT_EQ(after.replay_cursor, a.new_cursor);
-    EXPECT_EQ(after.max_priority, state.max_priority);
+}
+
+// LaunchPrioritySums recomputes every chunk (stale sums in, the reference out).
+TEST(PrioritySums, SumsEveryChunk) {
+  QS_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  for (int64_t capacity : {int64_t{1}, int64_t{1000}, int64_t{70001}, int64_t{3} << 20}) {
+    auto prio = RandomUniform(rng, static_cast<size_t>(capacity), 0, 4);
+    for (int64_t i = 0; i < capacity; i += 7) prio[i] = 0;
+    DeviceArray<float> d_prio(prio);
+    DeviceArray<uint64_t> d_sums(static_cast<size_t>(kernels::PrioritySumWords(capacity)));
+    d_sums.Poison();
+    QS_ASSERT_CUDA(kernels::LaunchPrioritySums(
+        kernels::MakePrioritySums(d_prio.get(), capacity, d_sums.get()), nullptr));
+    EXPECT_EQ(d_sums.Download(), ReferencePrioritySums(prio)) << "capacity " << capacity;
   }
 }
 
@@ -1215,7 +1270,14 @@ TEST_P(AdamTest, MatchesCpuAdamAndTarget) {
     a.tau = 0.005f;
     a.target_period = period;
     a.state = state.get();
+    // Beside the update, every chunk of the priority sums (stale in, current out).
+    const auto prio = RandomUniform(rng, 70001, 0, 3);
+    DeviceArray<float> d_prio(prio);
+    DeviceArray<uint64_t> d_sums(static_cast<size_t>(kernels::PrioritySumWords(70001)));
+    d_sums.Poison();
+    a.sums = kernels::MakePrioritySums(d_prio.get(), 70001, d_sums.get());
     QS_ASSERT_CUDA(kernels::LaunchAdamTarget(a, nullptr));
+    EXPECT_EQ(d_sums.Download(), ReferencePrioritySums(prio));
     auto rt = theta, rm = m, rv = v, rtarget = target;
     if (apply) cpu::AdamUpdate({1e-3f, 0.9f, 0.999f, 1e-8f}, 3, 0.7f, g.data(), rm.data(), rv.data(), rt.data(), n);
     if (period == 0) cpu::EmaUpdate(0.005f, rt.data(), rtarget.data(), n);
@@ -1412,7 +1474,15 @@ TEST_P(AdamPackTest, EqualsAdamThenPackBitwise) {
     DeviceArray<kernels::AdamPackProgram> d_plan(std::vector<kernels::AdamPackProgram>{plan});
     a = args(got);
     a.grads = d_g.get();
+    // Beside the update, every chunk of the priority sums (stale in, current out).
+    const int64_t capacity = 100000 + static_cast<int64_t>(rng() % 50000);
+    const auto prio = RandomUniform(rng, static_cast<size_t>(capacity), 0, 3);
+    DeviceArray<float> d_prio(prio);
+    DeviceArray<uint64_t> d_sums(static_cast<size_t>(kernels::PrioritySumWords(capacity)));
+    d_sums.Poison();
+    a.sums = kernels::MakePrioritySums(d_prio.get(), capacity, d_sums.get());
     QS_ASSERT_CUDA(kernels::LaunchAdamPack(a, plan, d_plan.get(), nullptr));
+    EXPECT_EQ(d_sums.Download(), ReferencePrioritySums(prio));
 
     const std::string where = "apply " + std::to_string(apply);
     auto bits = [](const std::vector<float>& x) {

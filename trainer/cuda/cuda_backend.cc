@@ -169,8 +169,6 @@ class CudaBackend final : public Backend {
   DeviceBuffer<float> weights_, x_, rewards_, discounts_;
   // Per-sample loss outputs and reductions.
   DeviceBuffer<float> ce_, item_loss_, clip_mass_, q_min_, q_max_, q_sum_, norm_partials_;
-  DeviceBuffer<uint64_t> priority_sums_;
-  int fixed_shift_ = 0;
 
   cuda::Graph graph_;
   cuda::GraphExec exec_;
@@ -297,8 +295,6 @@ absl::Status CudaBackend::Init() {
   static_assert(kernels::kMaxGradTiles <= kernels::kNormBlocks,
                 "weight-gradient tiles write the norm partials");
   QS_RETURN_IF_ERROR(norm_partials_.Allocate(kernels::kNormBlocks));
-  QS_RETURN_IF_ERROR(priority_sums_.Allocate(kernels::PrioritySumWords(capacity)));
-  fixed_shift_ = kernels::FixedPointShift(capacity);
 
   QS_RETURN_IF_ERROR(stats_host_.Allocate(kStatsSlots));
   step_done_.resize(kStepsInFlight);
@@ -399,12 +395,13 @@ absl::Status CudaBackend::EnqueueStep() {
   const kernels::ReplayColumns replay = replay_->columns();
 
   // 1-2. Sample B slots stratified over the priorities' fixed-point sums,
-  //      raw IS weights; gather s, a, R, discount, s' (one launch after the
-  //      chunk sums).
+  //      raw IS weights; gather s, a, R, discount, s' (one launch: the chunk
+  //      sums are already current).
   kernels::PrioritySampleArgs sample;
   sample.replay = replay;
-  sample.sums = priority_sums_.get();
-  sample.fixed_shift = fixed_shift_;
+  sample.sums = replay_->priority_sums().sums;  // current: the replay's commits and step 10 keep them
+  sample.sums_current = true;
+  sample.fixed_shift = kernels::FixedPointShift(replay.capacity);
   sample.state = state_.get();
   sample.seed = config_.seed();
   sample.batch = B;
@@ -482,7 +479,8 @@ absl::Status CudaBackend::EnqueueStep() {
   QS_CUDA_CHECK(kernels::LaunchFinalize(fin, s));
 
   // 10. Clip + Adam (skipped on a trip) and the target update, one pass
-  //     (on the fused path also writing the next step's operand copies).
+  //     (on the fused path also writing the next step's operand copies),
+  //     beside it the priority sums of the priorities step 11 wrote back.
   kernels::AdamArgs adam;
   adam.params = params();
   adam.grads = grads_.get();
@@ -499,6 +497,7 @@ absl::Status CudaBackend::EnqueueStep() {
   adam.tau = opt.target_tau();
   adam.target_period = opt.target_update_period();
   adam.state = state_.get();
+  adam.sums = replay_->priority_sums();  // from the priorities step 11 wrote, for the next step's sampler
   if (fused_ != nullptr) {
     QS_RETURN_IF_ERROR(fused_->EnqueueAdam(adam, s));
   } else {
