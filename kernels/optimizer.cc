@@ -19,10 +19,12 @@ std::string PlanAdamPack(const PackProgram& pack, const float* params, const flo
     const bool from_target = pj.src >= target && pj.src < target + n;
     const float* base = from_target ? target : params;
     const int64_t offset = pj.src - base;
-    if (!from_target && !(pj.src >= params && pj.src < params + n))
+    if (!from_target && !(pj.src >= params && pj.src < params + n)) {
       return absl::StrCat("pack job ", k, " reads outside both networks");
-    if (pj.rows < 1 || pj.cols < 1 || offset + int64_t{pj.rows} * pj.cols > n)
+    }
+    if (pj.rows < 1 || pj.cols < 1 || offset + int64_t{pj.rows} * pj.cols > n) {
       return absl::StrCat("pack job ", k, " reads past the parameters");
+    }
     auto it =
         std::find_if(jobs.begin(), jobs.end(), [&](const AdamPackJob& j) { return j.offset == offset; });
     if (it == jobs.end()) {
@@ -36,8 +38,9 @@ std::string PlanAdamPack(const PackProgram& pack, const float* params, const flo
       return absl::StrCat("pack job ", k, " reads offset ", offset, " as ", pj.rows, " x ", pj.cols,
                           ", another job as ", it->rows, " x ", it->cols);
     }
-    if (it->num_dests == kMaxAdamPackDests)
+    if (it->num_dests == kMaxAdamPackDests) {
       return absl::StrCat("more than ", kMaxAdamPackDests, " copies of offset ", offset);
+    }
     it->dests[it->num_dests++] = AdamPackDest{pj.dst, pj.dst_ld, pj.transpose, pj.to_f32, from_target};
   }
   std::sort(jobs.begin(), jobs.end(),
@@ -46,9 +49,10 @@ std::string PlanAdamPack(const PackProgram& pack, const float* params, const flo
   int64_t next = 0;
   int tiles = 0;
   for (AdamPackJob& job : jobs) {
-    if (job.offset != next)
+    if (job.offset != next) {
       return absl::StrCat("parameters ", std::min(next, job.offset), "..", std::max(next, job.offset),
                           job.offset > next ? " are packed by no job" : " are packed as two matrices");
+    }
     next = job.offset + int64_t{job.rows} * job.cols;
     job.first_tile = tiles;
     tiles +=

@@ -1052,7 +1052,7 @@ TEST(ReplayCommit, MovesAStagedChunkIntoTheRing) {
       {big, big - 5, 10, 16, 2, 1},         // the partial last chunk and chunk 0
       {big, 1024, 1024, 1024, 1, 1},        // exactly chunk 1
   };
-  for (int with_sums = 0; with_sums <= 1; ++with_sums)
+  for (int with_sums = 0; with_sums <= 1; ++with_sums) {
     for (const Case& k : cases) {
       SCOPED_TRACE(::testing::Message()
                    << "capacity " << k.capacity << " first " << k.first_slot << " count " << k.count
@@ -1134,6 +1134,7 @@ TEST(ReplayCommit, MovesAStagedChunkIntoTheRing) {
         EXPECT_EQ(d_sums.Download(), ReferencePrioritySums(ring_prio));
       }
     }
+  }
 }
 
 // LaunchPrioritySums recomputes every chunk (stale sums in, the reference out).
@@ -1403,7 +1404,8 @@ class AdamPackTest : public ::testing::TestWithParam<std::tuple<kernels::Precisi
 // packed copy (padding included: both leave it as it was) bitwise equal.
 TEST_P(AdamPackTest, EqualsAdamThenPackBitwise) {
   QS_SKIP_WITHOUT_GPU();
-  const auto [precision, period] = GetParam();
+  const kernels::Precision precision = std::get<0>(GetParam());
+  const int period = std::get<1>(GetParam());
   const PackedNet net;
   const int64_t n = net.n;
   std::mt19937_64 rng(29 + period + 7 * static_cast<int>(precision));
