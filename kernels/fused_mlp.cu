@@ -641,15 +641,6 @@ constexpr int kPackTile = 32;
 constexpr int kPackThreads = 256;
 
 template <int P>
-__device__ __forceinline__ void PackStore(const PackJob& job, int64_t d, float v) {
-  if (job.to_f32) {
-    static_cast<float*>(job.dst)[d] = v;
-  } else {
-    static_cast<Elem<P>*>(job.dst)[d] = Round<P>(v);
-  }
-}
-
-template <int P>
 __global__ void __launch_bounds__(kPackThreads) PackKernel(const PackProgram* __restrict__ prog) {
   WaitForPredecessor();
   __shared__ float tile[kPackTile][kPackTile + 1];
@@ -666,7 +657,8 @@ __global__ void __launch_bounds__(kPackThreads) PackKernel(const PackProgram* __
       for (int i = ty; i < kPackTile; i += kRowStep) {
         const int r = r0 + i, c = c0 + tx;
         if (r < job.rows && c < job.cols)
-          PackStore<P>(job, int64_t{r} * job.dst_ld + c, job.src[int64_t{r} * job.cols + c]);
+          StorePacked<P>(job.dst, job.to_f32, int64_t{r} * job.dst_ld + c,
+                         job.src[int64_t{r} * job.cols + c]);
       }
       continue;
     }
@@ -678,7 +670,8 @@ __global__ void __launch_bounds__(kPackThreads) PackKernel(const PackProgram* __
     __syncthreads();
     for (int i = ty; i < kPackTile; i += kRowStep) {
       const int c = c0 + i, r = r0 + tx;  // dst[c][r] = src[r][c]
-      if (r < job.rows && c < job.cols) PackStore<P>(job, int64_t{c} * job.dst_ld + r, tile[tx][i]);
+      if (r < job.rows && c < job.cols)
+        StorePacked<P>(job.dst, job.to_f32, int64_t{c} * job.dst_ld + r, tile[tx][i]);
     }
   }
 }

@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include <cstdint>
 #include <type_traits>
 
 #include "kernels/fused_mlp.h"
@@ -24,6 +25,17 @@ __device__ __forceinline__ Elem<P> Round(float v) {
     return nvcuda::wmma::__float_to_tf32(v);
   } else {
     return v;
+  }
+}
+
+// dst[at] = v as a packed copy stores it: rounded to the operand type, or
+// fp32 as is (to_f32: the biases).
+template <int P>
+__device__ __forceinline__ void StorePacked(void* dst, bool to_f32, int64_t at, float v) {
+  if (to_f32) {
+    static_cast<float*>(dst)[at] = v;
+  } else {
+    static_cast<Elem<P>*>(dst)[at] = Round<P>(v);
   }
 }
 

@@ -93,15 +93,6 @@ __global__ void __launch_bounds__(kThreads) AdamTargetKernel(AdamArgs a, int upd
 constexpr int kTile = kAdamPackTile;
 constexpr int kTileRowStep = kThreads / kTile;
 
-template <int P>
-__device__ __forceinline__ void StoreCopy(const AdamPackDest& d, int64_t at, float v) {
-  if (d.to_f32) {
-    static_cast<float*>(d.dst)[at] = v;
-  } else {
-    static_cast<Elem<P>*>(d.dst)[at] = Round<P>(v);
-  }
-}
-
 // Blocks grid-stride over the program's tiles in order (job j's tiles follow
 // job j-1's). A tile's elements are updated with coalesced reads along rows;
 // straight copies are stored at once, transposed ones through shared memory
@@ -135,7 +126,8 @@ __global__ void __launch_bounds__(kThreads)
       target[i][tx] = tg;
       for (int d = 0; d < job.num_dests; ++d) {
         const AdamPackDest& dest = job.dests[d];
-        if (!dest.transpose) StoreCopy<P>(dest, int64_t{r} * dest.ld + c, dest.from_target ? tg : theta);
+        if (!dest.transpose)
+          StorePacked<P>(dest.dst, dest.to_f32, int64_t{r} * dest.ld + c, dest.from_target ? tg : theta);
       }
     }
     __syncthreads();
@@ -145,7 +137,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int d = 0; d < job.num_dests; ++d) {
         const AdamPackDest& dest = job.dests[d];
         if (dest.transpose)
-          StoreCopy<P>(dest, int64_t{c} * dest.ld + r, dest.from_target ? target[tx][i] : online[tx][i]);
+          StorePacked<P>(dest.dst, dest.to_f32, int64_t{c} * dest.ld + r,
+                         dest.from_target ? target[tx][i] : online[tx][i]);
       }
     }
   }

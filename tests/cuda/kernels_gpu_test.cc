@@ -1238,6 +1238,38 @@ TEST(PriorityWriteBack, UnsortedFallbackLargestBWins) {
   ExpectLargestBWins(random, DistinctCe(rng, static_cast<int>(random.size())), prio, "random");
 }
 
+// The Adam tests' step: t + 1 = 10 as the finalize kernel leaves it (a copy
+// step when the period is 5), the third applied update, clip scale 0.7.
+kernels::DeviceState AdamTestState(int apply) {
+  kernels::DeviceState s;
+  s.t = 10;
+  s.apply = apply;
+  s.clip_scale = 0.7f;
+  s.adam_updates = 3;
+  s.bias_correction1 = static_cast<float>(1.0 - std::pow(0.9, 3));
+  s.bias_correction2 = static_cast<float>(1.0 - std::pow(0.999, 3));
+  return s;
+}
+
+kernels::AdamArgs AdamTestArgs(float* theta, const float* g, float* m, float* v, float* target, int64_t n,
+                               int period, const kernels::DeviceState* state) {
+  kernels::AdamArgs a;
+  a.params = theta;
+  a.grads = g;
+  a.m = m;
+  a.v = v;
+  a.target = target;
+  a.n = n;
+  a.lr = 1e-3f;
+  a.beta1 = 0.9f;
+  a.beta2 = 0.999f;
+  a.epsilon = 1e-8f;
+  a.tau = 0.005f;
+  a.target_period = period;
+  a.state = state;
+  return a;
+}
+
 class AdamTest : public ::testing::TestWithParam<int> {};  // param: target period
 
 TEST_P(AdamTest, MatchesCpuAdamAndTarget) {
@@ -1248,29 +1280,10 @@ TEST_P(AdamTest, MatchesCpuAdamAndTarget) {
   const auto theta = RandomUniform(rng, n, -1, 1), g = RandomUniform(rng, n, -1, 1), m = RandomUniform(rng, n, -0.1f, 0.1f);
   const auto v = RandomUniform(rng, n, 0, 0.01f), target = RandomUniform(rng, n, -1, 1);
   for (int apply = 0; apply <= 1; ++apply) {
-    kernels::DeviceState s;
-    s.t = 10;  // t + 1 as the finalize kernel leaves it: a copy step when period == 5
-    s.apply = apply;
-    s.clip_scale = 0.7f;
-    s.adam_updates = 3;
-    s.bias_correction1 = static_cast<float>(1.0 - std::pow(0.9, 3));
-    s.bias_correction2 = static_cast<float>(1.0 - std::pow(0.999, 3));
-    DeviceArray<kernels::DeviceState> state(std::vector<kernels::DeviceState>{s});
+    DeviceArray<kernels::DeviceState> state(std::vector<kernels::DeviceState>{AdamTestState(apply)});
     DeviceArray<float> d_theta(theta), d_g(g), d_m(m), d_v(v), d_t(target);
-    kernels::AdamArgs a;
-    a.params = d_theta.get();
-    a.grads = d_g.get();
-    a.m = d_m.get();
-    a.v = d_v.get();
-    a.target = d_t.get();
-    a.n = n;
-    a.lr = 1e-3f;
-    a.beta1 = 0.9f;
-    a.beta2 = 0.999f;
-    a.epsilon = 1e-8f;
-    a.tau = 0.005f;
-    a.target_period = period;
-    a.state = state.get();
+    kernels::AdamArgs a =
+        AdamTestArgs(d_theta.get(), d_g.get(), d_m.get(), d_v.get(), d_t.get(), n, period, state.get());
     // Beside the update, every chunk of the priority sums (stale in, current out).
     const auto prio = RandomUniform(rng, 70001, 0, 3);
     DeviceArray<float> d_prio(prio);
@@ -1413,14 +1426,7 @@ TEST_P(AdamPackTest, EqualsAdamThenPackBitwise) {
   const auto m = RandomUniform(rng, n, -0.1f, 0.1f), v = RandomUniform(rng, n, 0, 0.01f);
   const auto target = RandomUniform(rng, n, -1, 1);
   for (int apply = 0; apply <= 1; ++apply) {
-    kernels::DeviceState s;
-    s.t = 10;  // a copy step when period == 5
-    s.apply = apply;
-    s.clip_scale = 0.7f;
-    s.adam_updates = 3;
-    s.bias_correction1 = static_cast<float>(1.0 - std::pow(0.9, 3));
-    s.bias_correction2 = static_cast<float>(1.0 - std::pow(0.999, 3));
-    DeviceArray<kernels::DeviceState> state(std::vector<kernels::DeviceState>{s});
+    DeviceArray<kernels::DeviceState> state(std::vector<kernels::DeviceState>{AdamTestState(apply)});
     struct Run {
       std::unique_ptr<DeviceArray<float>> theta, m, v, target;
       std::vector<std::unique_ptr<DeviceArray<char>>> dst;
@@ -1440,21 +1446,8 @@ TEST_P(AdamPackTest, EqualsAdamThenPackBitwise) {
       return r;
     };
     auto args = [&](const Run& r) {
-      kernels::AdamArgs a;
-      a.params = r.theta->get();
-      a.grads = nullptr;
-      a.m = r.m->get();
-      a.v = r.v->get();
-      a.target = r.target->get();
-      a.n = n;
-      a.lr = 1e-3f;
-      a.beta1 = 0.9f;
-      a.beta2 = 0.999f;
-      a.epsilon = 1e-8f;
-      a.tau = 0.005f;
-      a.target_period = period;
-      a.state = state.get();
-      return a;
+      return AdamTestArgs(r.theta->get(), nullptr, r.m->get(), r.v->get(), r.target->get(), n, period,
+                          state.get());
     };
     auto program = [&](const Run& r) {
       std::vector<char*> dst;
