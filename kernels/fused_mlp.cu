@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "kernels/launch.cuh"
-#include "kernels/operand.cuh"
 
 namespace qstream::kernels {
 namespace {
@@ -20,6 +19,23 @@ constexpr int kChainWarps = kChainThreads / 32;
 constexpr int kSkew = 8;  // elements added to every shared row (bank spread, keeps 32-byte alignment)
 constexpr int kGLd = kGradTile + kSkew;
 constexpr int kStageLd = 16;  // per-warp accumulator staging, 16 x 16 floats
+
+template <int P>
+using Elem = std::conditional_t<P == int(Precision::kBf16), __nv_bfloat16, float>;
+
+template <int P>
+__device__ __forceinline__ Elem<P> Round(float v) {
+  if constexpr (P == int(Precision::kBf16)) {
+    return __float2bfloat16_rn(v);
+  } else if constexpr (P == int(Precision::kTf32)) {
+    return wmma::__float_to_tf32(v);
+  } else {
+    return v;
+  }
+}
+
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 // 16 bytes global -> shared, asynchronously; zero-filled when !valid.
 __device__ __forceinline__ void CopyAsync16(void* smem, const void* gmem, bool valid) {
@@ -641,6 +657,15 @@ constexpr int kPackTile = 32;
 constexpr int kPackThreads = 256;
 
 template <int P>
+__device__ __forceinline__ void PackStore(const PackJob& job, int64_t d, float v) {
+  if (job.to_f32) {
+    static_cast<float*>(job.dst)[d] = v;
+  } else {
+    static_cast<Elem<P>*>(job.dst)[d] = Round<P>(v);
+  }
+}
+
+template <int P>
 __global__ void __launch_bounds__(kPackThreads) PackKernel(const PackProgram* __restrict__ prog) {
   WaitForPredecessor();
   __shared__ float tile[kPackTile][kPackTile + 1];
@@ -657,8 +682,7 @@ __global__ void __launch_bounds__(kPackThreads) PackKernel(const PackProgram* __
       for (int i = ty; i < kPackTile; i += kRowStep) {
         const int r = r0 + i, c = c0 + tx;
         if (r < job.rows && c < job.cols)
-          StorePacked<P>(job.dst, job.to_f32, int64_t{r} * job.dst_ld + c,
-                         job.src[int64_t{r} * job.cols + c]);
+          PackStore<P>(job, int64_t{r} * job.dst_ld + c, job.src[int64_t{r} * job.cols + c]);
       }
       continue;
     }
@@ -670,8 +694,7 @@ __global__ void __launch_bounds__(kPackThreads) PackKernel(const PackProgram* __
     __syncthreads();
     for (int i = ty; i < kPackTile; i += kRowStep) {
       const int c = c0 + i, r = r0 + tx;  // dst[c][r] = src[r][c]
-      if (r < job.rows && c < job.cols)
-        StorePacked<P>(job.dst, job.to_f32, int64_t{c} * job.dst_ld + r, tile[tx][i]);
+      if (r < job.rows && c < job.cols) PackStore<P>(job, int64_t{c} * job.dst_ld + r, tile[tx][i]);
     }
   }
 }

@@ -5,8 +5,7 @@
 //
 // Operands are fp32, TF32 (fp32 storage, rounded) or bf16; accumulation,
 // bias, the logits and every weight gradient are fp32. Weights are read from
-// a packed copy of the fp32 master parameters (written by the step's Adam
-// pass, kernels/optimizer.h's LaunchAdamPack, or by LaunchPack below):
+// a packed copy (LaunchPack, once per step from the fp32 master parameters):
 // per op a zero-padded row-major [kp][np] matrix B of C = A B, i.e. W^T for
 // a forward layer and W for the data gradient of a backward one. Every
 // padded dimension is a multiple of kFusedPad, so tiles never straddle an

@@ -2,8 +2,7 @@
 // w_b = (size p_b / total)^-beta. Every consumer normalises them by
 // m = max(0, max_b w_b) itself, with this one function, so the normalised
 // weight w_b / m has the same bits in every kernel (a max is exact in any
-// order) and no launch of its own. (The finalize kernel takes the same max
-// inside its combined batch reduction, kernels/step_finalize.cu.)
+// order) and no launch of its own.
 #pragma once
 
 #include "kernels/warp_reduce.cuh"

@@ -4,7 +4,6 @@
 
 #include "common/rng.h"
 #include "kernels/launch.cuh"
-#include "kernels/priority_sums.cuh"
 
 namespace qstream::kernels {
 namespace {
@@ -15,7 +14,13 @@ constexpr int kSampleWarps = kSampleThreads / 32;
 constexpr int kChunksPerThread = kMaxPriorityChunks / kSampleThreads;
 constexpr int kMinChunkLog2 = 10;
 constexpr int kLoadBatch = 16;  // slots a lane loads at once
-constexpr int kSubChunks = kPrioritySubChunks;
+constexpr int kSubChunks = 32;  // per chunk, one per lane of the search
+
+// p -> round(p * 2^shift). Scaling by a power of two is exact; only the
+// rounding to an integer rounds (p * 2^shift < 2^42 is exact in float).
+__device__ __forceinline__ uint64_t ToFixed(float p, float scale) {
+  return static_cast<uint64_t>(rintf(p * scale));
+}
 
 // beta annealed linearly from beta_start to beta_end over beta_anneal_steps.
 // The fmaf spells out the contraction nvcc made of start + diff * frac, so a
@@ -33,6 +38,12 @@ __device__ __forceinline__ uint64_t WarpInclusiveScan(uint64_t v, int lane) {
     const uint64_t up = __shfl_up_sync(0xffffffffu, v, o);
     if (lane >= o) v += up;
   }
+  return v;
+}
+
+__device__ __forceinline__ uint64_t WarpSumU64(uint64_t v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
@@ -64,10 +75,37 @@ __device__ __forceinline__ int WarpUpperBound(const uint64_t* prefix, int n, uin
   return lo;
 }
 
-// Block c: chunk c's sums (SumPriorityChunk).
-__global__ void __launch_bounds__(kChunkThreads) ChunkSumsKernel(PrioritySums s) {
+// Block c: sub[c * 32 + j] = the fixed-point sum of sub-chunk j of chunk c
+// (2^(chunk_log2 - 5) slots, read coalesced by one warp), then chunk[c] =
+// their sum. Slots at or past capacity count 0.
+__global__ void __launch_bounds__(kChunkThreads)
+    ChunkSumsKernel(const float* __restrict__ p, int64_t capacity, int chunk_log2, float scale,
+                    uint64_t* __restrict__ chunk, uint64_t* __restrict__ sub) {
   WaitForPredecessor();
-  SumPriorityChunk(s, blockIdx.x);
+  __shared__ uint64_t sub_sums[kSubChunks];
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int64_t sub_len = int64_t{1} << (chunk_log2 - 5);
+  for (int j = warp; j < kSubChunks; j += kChunkThreads / 32) {
+    const int64_t begin = (int64_t{blockIdx.x} << chunk_log2) + j * sub_len;
+    uint64_t s = 0;
+    // One slot per lane per round (sub_len is 32 up to 2^20 slots): a
+    // conversion to u64 is slow, so none is spent on padding.
+    for (int64_t off = lane; off < sub_len; off += 32) {
+      if (begin + off < capacity) s += ToFixed(p[begin + off], scale);
+    }
+    s = WarpSumU64(s);
+    if (lane == 0) {
+      sub_sums[j] = s;
+      sub[int64_t{blockIdx.x} * kSubChunks + j] = s;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint64_t t = 0;
+    for (int j = 0; j < kSubChunks; ++j) t += sub_sums[j];
+    chunk[blockIdx.x] = t;
+  }
 }
 
 // The block's inclusive prefix of the chunk sums, into shared memory.
@@ -213,35 +251,18 @@ int64_t PriorityChunks(int64_t capacity) {
 
 int64_t PrioritySumWords(int64_t capacity) { return PriorityChunks(capacity) * (1 + kSubChunks); }
 
-PrioritySums MakePrioritySums(const float* priorities, int64_t capacity, uint64_t* sums) {
-  PrioritySums s;
-  s.priorities = priorities;
-  s.capacity = capacity;
-  s.sums = sums;
-  s.chunk_log2 = PriorityChunkLog2(capacity);
-  s.chunks = static_cast<int>(PriorityChunks(capacity));
-  s.scale = std::ldexp(1.0f, FixedPointShift(capacity));
-  return s;
-}
-
-cudaError_t LaunchPrioritySums(const PrioritySums& s, cudaStream_t stream) {
-  if (s.capacity <= 0 || s.chunks <= 0) return cudaErrorInvalidValue;
-  return LaunchDependent(StepKernel::kChunkSums, ChunkSumsKernel, s.chunks, kChunkThreads, 0, stream, s);
-}
-
 cudaError_t LaunchPrioritySample(const PrioritySampleArgs& a, cudaStream_t stream) {
   const int64_t capacity = a.replay.capacity;
   if (capacity <= 0) return cudaErrorInvalidValue;
-  const PrioritySums sums = MakePrioritySums(a.replay.priorities, capacity, a.sums);
-  if (std::ldexp(1.0f, a.fixed_shift) != sums.scale) return cudaErrorInvalidValue;
-  if (!a.sums_current) {
-    const cudaError_t err = LaunchPrioritySums(sums, stream);
-    if (err != cudaSuccess) return err;
-  }
-  if (a.batch <= 0) return cudaSuccess;
+  const int chunk_log2 = PriorityChunkLog2(capacity);
+  const int chunks = static_cast<int>(PriorityChunks(capacity));
+  const cudaError_t err = LaunchDependent(StepKernel::kChunkSums, ChunkSumsKernel, chunks, kChunkThreads, 0,
+                                          stream, a.replay.priorities, capacity, chunk_log2,
+                                          std::ldexp(1.0f, a.fixed_shift), a.sums, a.sums + chunks);
+  if (err != cudaSuccess || a.batch <= 0) return err;
   return LaunchDependent(StepKernel::kSample, StratifiedSampleKernel,
                          (a.batch + kSampleWarps - 1) / kSampleWarps, kSampleThreads, 0, stream, a,
-                         sums.chunk_log2, sums.chunks);
+                         chunk_log2, chunks);
 }
 
 }  // namespace qstream::kernels

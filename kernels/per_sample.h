@@ -30,26 +30,6 @@ int64_t PriorityChunks(int64_t capacity);
 // uint64 words of the sums' scratch: the chunk sums, then 32 sub-chunk sums per chunk.
 int64_t PrioritySumWords(int64_t capacity);
 
-// The sums the sampler reads, kept current as the priorities change instead
-// of recomputed at the start of every step: all of them by
-// LaunchPrioritySums (at start-up and after a restore), the chunks a commit
-// wrote by the replay's commit kernel (kernels/replay_commit.h), and all
-// of them after the step's priority write-back by the step's last kernel
-// (kernels/optimizer.h, AdamArgs::sums). Whatever writes priorities
-// outside these paths must call LaunchPrioritySums.
-struct PrioritySums {
-  const float* priorities = nullptr;
-  int64_t capacity = 0;
-  uint64_t* sums = nullptr;  // PrioritySumWords(capacity): the chunk sums, then 32 sub-chunk sums per chunk
-  int chunk_log2 = 0;        // PriorityChunkLog2(capacity)
-  int chunks = 0;            // PriorityChunks(capacity)
-  float scale = 0;           // 2^FixedPointShift(capacity)
-};
-PrioritySums MakePrioritySums(const float* priorities, int64_t capacity, uint64_t* sums);
-
-// One block per chunk: every chunk's sums from the priorities (ChunkSums below).
-cudaError_t LaunchPrioritySums(const PrioritySums& sums, cudaStream_t stream);
-
 struct PrioritySampleArgs {
   // Priorities (already ^alpha) and, when obs is set, the columns to gather.
   ReplayColumns replay;
@@ -69,12 +49,9 @@ struct PrioritySampleArgs {
   int32_t* actions = nullptr;  // batch x num_branches, written
   float* rewards = nullptr;    // batch, written
   float* discounts = nullptr;  // batch, written
-  // true: `sums` already hold the current priorities' sums (PrioritySums),
-  // so only the sample kernel is launched.
-  bool sums_current = false;
 };
 
-// Two launches (one with sums_current), no stored prefix and no temp storage:
+// Two launches, no stored prefix and no temp storage:
 //  1. ChunkSums, one block per chunk: the sum of rint(p_i * 2^shift)
 //     (exact, uint64) over each of the chunk's 32 sub-chunks, and over the
 //     chunk.

@@ -9,7 +9,6 @@
 
 #include <cstdint>
 
-#include "kernels/per_sample.h"
 #include "kernels/views.h"
 
 namespace qstream::kernels {
@@ -33,19 +32,13 @@ struct ReplayCommitArgs {
   int64_t new_size = 0;
   int64_t new_cursor = 0;
   DeviceState* state = nullptr;
-  // The sampler's priority sums (per_sample.h) over ring.priorities, or
-  // sums.sums null: the chunks the new slots fall in are summed again in
-  // this launch, after their priorities are written, so the sums stay current.
-  PrioritySums sums;
 };
 
 // One launch: blockIdx.y picks the column (five copies and the priorities);
 // grid-stride over the column's count x width words, element e goes to ring
 // word first_slot x width + e (less capacity x width past the end).
 // Thread 0 of block (0, 0) writes replay_size / replay_cursor (no other thread
-// reads them in this launch; the priorities read max_priority only). With
-// sums, the priorities' blocks instead take one touched chunk each: they fill
-// its new slots, then sum the chunk (SumPriorityChunk).
+// reads them in this launch; the priorities read max_priority only).
 cudaError_t LaunchReplayCommit(const ReplayCommitArgs& args, cudaStream_t stream);
 
 }  // namespace qstream::kernels

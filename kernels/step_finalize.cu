@@ -1,5 +1,6 @@
 #include "kernels/step_finalize.h"
 
+#include "kernels/is_weight.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/warp_reduce.cuh"
 
@@ -12,9 +13,6 @@ constexpr int kFinalizeThreads = 1024;
 // thread gets the results.
 struct BatchSums {
   float wloss = 0.0f, clip = 0.0f, qsum = 0.0f, qmin = INFINITY, qmax = -INFINITY, bad = 0.0f;
-  // Reduced in the same pass: the squared grad norm (a sum of the partials)
-  // and whether the sampled indices are out of order (a max of 0/1).
-  float norm_sq = 0.0f, unsorted = 0.0f;
 
   __device__ float loss(int batch) const { return wloss / batch; }
   __device__ bool q_out_of_range(float q_bound) const {
@@ -22,56 +20,31 @@ struct BatchSums {
   }
 };
 
-// All loads first, then two block reductions: everything that does not need
-// the largest IS weight, then the weighted loss, which does. Each value is
-// accumulated per thread in the same order and reduced by the same trees as
-// one BlockSum/BlockMax each would, so the bits are those of separate passes.
-// With `norm_partials` the norm's partials; with `indices` the order check
-// (idx[b] > idx[b + 1] for some b).
-__device__ BatchSums ReduceBatch(const FinalizeArgs& a, const float* norm_partials, const int32_t* indices,
-                                 float (*scratch)[32]) {
+__device__ BatchSums ReduceBatch(const FinalizeArgs& a, float* scratch) {
   const float* item_loss = a.item_loss != nullptr ? a.item_loss : a.ce;
+  const float w_max = MaxIsWeight(a.weights, a.batch, scratch);
   BatchSums r;
-  if (norm_partials != nullptr) {
-    for (int i = threadIdx.x; i < kNormBlocks; i += blockDim.x) r.norm_sq += norm_partials[i];
-  }
-  float w_max = 0.0f;
   for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
-    w_max = fmaxf(w_max, a.weights[b]);
+    r.wloss += (a.weights[b] / w_max) * item_loss[b];
     r.clip += a.clip_mass[b];
     r.qsum += a.q_sum[b];
     r.qmin = fminf(r.qmin, a.q_min[b]);
     r.qmax = fmaxf(r.qmax, a.q_max[b]);
     if (a.q_bad[b] != 0) r.bad = 1.0f;
-    if (indices != nullptr && b + 1 < a.batch && indices[b] > indices[b + 1]) r.unsorted = 1.0f;
   }
-  float first[] = {r.norm_sq, w_max, r.clip, r.qsum, r.qmin, r.qmax, r.bad, r.unsorted};
-  constexpr ReduceOp kFirstOps[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kSum, ReduceOp::kSum,
-                                    ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kMax, ReduceOp::kMax};
-  BlockReduceMany(first, kFirstOps, scratch);
-  r.norm_sq = first[0];
-  w_max = first[1];  // MaxIsWeight's m (is_weight.cuh): max(0, max_b w_b)
-  r.clip = first[2];
-  r.qsum = first[3];
-  r.qmin = first[4];
-  r.qmax = first[5];
-  r.bad = first[6];
-  r.unsorted = first[7];
-  float wloss = 0.0f;
-  for (int b = threadIdx.x; b < a.batch; b += blockDim.x) wloss += (a.weights[b] / w_max) * item_loss[b];
-  float second[] = {wloss};
-  constexpr ReduceOp kSecondOps[] = {ReduceOp::kSum};
-  BlockReduceMany(second, kSecondOps, scratch);
-  r.wloss = second[0];
+  r.wloss = BlockSum(r.wloss, scratch);
+  r.clip = BlockSum(r.clip, scratch);
+  r.qsum = BlockSum(r.qsum, scratch);
+  r.qmin = BlockMin(r.qmin, scratch);
+  r.qmax = BlockMax(r.qmax, scratch);
+  r.bad = BlockMax(r.bad, scratch);
   return r;
 }
 
-constexpr int kReduceValues = 8;
-
 __global__ void __launch_bounds__(kFinalizeThreads) GroupGuardInputsKernel(FinalizeArgs a, float* out) {
   WaitForPredecessor();
-  __shared__ float scratch[kReduceValues][32];
-  const BatchSums r = ReduceBatch(a, nullptr, nullptr, scratch);
+  __shared__ float scratch[kFinalizeThreads / 32];
+  const BatchSums r = ReduceBatch(a, scratch);
   if (threadIdx.x == 0) {
     out[0] = r.loss(a.batch);
     out[1] = r.q_out_of_range(a.q_bound) ? 1.0f : 0.0f;
@@ -81,11 +54,13 @@ __global__ void __launch_bounds__(kFinalizeThreads) GroupGuardInputsKernel(Final
 __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs a) {
   WaitForPredecessor();
   extern __shared__ int32_t sh_idx[];  // B
-  __shared__ float scratch[kReduceValues][32];
+  __shared__ float scratch[kFinalizeThreads / 32];
   __shared__ int32_t sh_apply;
   for (int b = threadIdx.x; b < a.batch; b += blockDim.x) sh_idx[b] = a.indices[b];
-  const BatchSums r = ReduceBatch(a, a.norm_partials, a.indices, scratch);  // its barriers publish sh_idx
-  const float norm_sq = r.norm_sq;
+  float norm_sq = 0.0f;
+  for (int i = threadIdx.x; i < kNormBlocks; i += blockDim.x) norm_sq += a.norm_partials[i];
+  norm_sq = BlockSum(norm_sq, scratch);
+  const BatchSums r = ReduceBatch(a, scratch);
   const float qmin = r.qmin, qmax = r.qmax;
 
   DeviceState* s = a.state;
@@ -137,7 +112,10 @@ __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs 
   // indices are nondecreasing (per_sample.h), so a later b' with the same
   // index exists iff idx[b+1] == idx[b]. Should they ever not be sorted, the
   // block falls back to the O(B^2) scan for a later equal index (same owner).
-  const bool sorted = r.unsorted == 0.0f;
+  bool unsorted = false;
+  for (int b = threadIdx.x; b + 1 < a.batch; b += blockDim.x)
+    unsorted = unsorted || sh_idx[b] > sh_idx[b + 1];
+  const bool sorted = __syncthreads_or(unsorted) == 0;
   const bool apply = sh_apply != 0;
   float pmax = 0.0f;
   if (apply) {
@@ -150,7 +128,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs 
       if (!later) a.priorities[idx] = p;
     }
   }
-  pmax = BlockMax(pmax, scratch[0]);
+  pmax = BlockMax(pmax, scratch);
   if (threadIdx.x == 0) {
     if (apply) s->max_priority = fmaxf(s->max_priority, pmax);
     s->t += 1;

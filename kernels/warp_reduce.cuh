@@ -47,40 +47,4 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) { return Bloc
 __device__ __forceinline__ float BlockMin(float v, float* scratch) { return BlockReduce(v, scratch, MinOp{}, INFINITY); }
 __device__ __forceinline__ float BlockSum(float v, float* scratch) { return BlockReduce(v, scratch, SumOp{}, 0.0f); }
 
-// Several values reduced in one pass: value k with ops[k], each exactly as
-// BlockReduce would (the same butterflies, so the same bits), with one pair
-// of barriers for all of them instead of a pair each. Every thread gets the
-// results in v. `scratch`: N x 32 floats. Ends with a barrier.
-enum class ReduceOp { kSum, kMax, kMin };
-
-__device__ __forceinline__ float ApplyReduce(ReduceOp op, float a, float b) {
-  return op == ReduceOp::kSum ? a + b : op == ReduceOp::kMax ? fmaxf(a, b) : fminf(a, b);
-}
-__device__ __forceinline__ float ReduceIdentity(ReduceOp op) {
-  return op == ReduceOp::kSum ? 0.0f : op == ReduceOp::kMax ? -INFINITY : INFINITY;
-}
-
-template <int N>
-__device__ __forceinline__ void BlockReduceMany(float (&v)[N], const ReduceOp (&ops)[N],
-                                                float (*scratch)[32]) {
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  const int warps = blockDim.x / 32;
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v[k] = ApplyReduce(ops[k], v[k], __shfl_xor_sync(0xffffffffu, v[k], o));
-    if (lane == 0) scratch[k][warp] = v[k];
-  }
-  __syncthreads();
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    float r = lane < warps ? scratch[k][lane] : ReduceIdentity(ops[k]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) r = ApplyReduce(ops[k], r, __shfl_xor_sync(0xffffffffu, r, o));
-    v[k] = r;
-  }
-  __syncthreads();
-}
-
 }  // namespace qstream::kernels

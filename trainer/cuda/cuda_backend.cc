@@ -125,9 +125,6 @@ class CudaBackend final : public Backend {
   float* target() const { return net_params_.get() + target_offset_; }
   // The loss over the logits the network pass wrote (fused or cuBLASLt).
   absl::Status EnqueueLoss();
-  // After the parameters were written outside the step: the fused path's
-  // operand copies from them, on the stream (no-op on cuBLASLt).
-  absl::Status RefreshPacked();
   absl::Status EnqueueStatsCopy() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HarvestStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -169,6 +166,8 @@ class CudaBackend final : public Backend {
   DeviceBuffer<float> weights_, x_, rewards_, discounts_;
   // Per-sample loss outputs and reductions.
   DeviceBuffer<float> ce_, item_loss_, clip_mass_, q_min_, q_max_, q_sum_, norm_partials_;
+  DeviceBuffer<uint64_t> priority_sums_;
+  int fixed_shift_ = 0;
 
   cuda::Graph graph_;
   cuda::GraphExec exec_;
@@ -295,6 +294,8 @@ absl::Status CudaBackend::Init() {
   static_assert(kernels::kMaxGradTiles <= kernels::kNormBlocks,
                 "weight-gradient tiles write the norm partials");
   QS_RETURN_IF_ERROR(norm_partials_.Allocate(kernels::kNormBlocks));
+  QS_RETURN_IF_ERROR(priority_sums_.Allocate(kernels::PrioritySumWords(capacity)));
+  fixed_shift_ = kernels::FixedPointShift(capacity);
 
   QS_RETURN_IF_ERROR(stats_host_.Allocate(kStatsSlots));
   step_done_.resize(kStepsInFlight);
@@ -395,13 +396,12 @@ absl::Status CudaBackend::EnqueueStep() {
   const kernels::ReplayColumns replay = replay_->columns();
 
   // 1-2. Sample B slots stratified over the priorities' fixed-point sums,
-  //      raw IS weights; gather s, a, R, discount, s' (one launch: the chunk
-  //      sums are already current).
+  //      raw IS weights; gather s, a, R, discount, s' (one launch after the
+  //      chunk sums).
   kernels::PrioritySampleArgs sample;
   sample.replay = replay;
-  sample.sums = replay_->priority_sums().sums;  // current: the replay's commits and step 10 keep them
-  sample.sums_current = true;
-  sample.fixed_shift = kernels::FixedPointShift(replay.capacity);
+  sample.sums = priority_sums_.get();
+  sample.fixed_shift = fixed_shift_;
   sample.state = state_.get();
   sample.seed = config_.seed();
   sample.batch = B;
@@ -419,8 +419,8 @@ absl::Status CudaBackend::EnqueueStep() {
 
   if (fused_ != nullptr) {
     // 3. Online forward on s and s', target forward on s': one kernel, from
-    //    the packed operand copies of both networks (the last step's Adam
-    //    pass wrote them, or RefreshPacked after the parameters were set).
+    //    this step's packed operand copy of both networks.
+    QS_RETURN_IF_ERROR(fused_->EnqueuePack(s));
     QS_RETURN_IF_ERROR(fused_->EnqueueForward(s));
     // 4-7. Dueling softmax, double DQN, projection (+ label smoothing), CE
     //      (+ MSE blend), d logits, Q stats.
@@ -478,9 +478,7 @@ absl::Status CudaBackend::EnqueueStep() {
   }
   QS_CUDA_CHECK(kernels::LaunchFinalize(fin, s));
 
-  // 10. Clip + Adam (skipped on a trip) and the target update, one pass
-  //     (on the fused path also writing the next step's operand copies),
-  //     beside it the priority sums of the priorities step 11 wrote back.
+  // 10. Clip + Adam (skipped on a trip) and the target update, one pass.
   kernels::AdamArgs adam;
   adam.params = params();
   adam.grads = grads_.get();
@@ -497,17 +495,8 @@ absl::Status CudaBackend::EnqueueStep() {
   adam.tau = opt.target_tau();
   adam.target_period = opt.target_update_period();
   adam.state = state_.get();
-  adam.sums = replay_->priority_sums();  // from the priorities step 11 wrote, for the next step's sampler
-  if (fused_ != nullptr) {
-    QS_RETURN_IF_ERROR(fused_->EnqueueAdam(adam, s));
-  } else {
-    QS_CUDA_CHECK(kernels::LaunchAdamTarget(adam, s));
-  }
-  return absl::OkStatus();
-}
+  QS_CUDA_CHECK(kernels::LaunchAdamTarget(adam, s));
 
-absl::Status CudaBackend::RefreshPacked() {
-  if (fused_ != nullptr) QS_RETURN_IF_ERROR(fused_->EnqueuePack(stream_.get()));
   return absl::OkStatus();
 }
 
@@ -640,7 +629,6 @@ absl::Status CudaBackend::SetParams(const std::vector<float>& values) {
   const size_t bytes = values.size() * sizeof(float);
   QS_CUDA_CHECK(cudaMemcpyAsync(params(), values.data(), bytes, cudaMemcpyHostToDevice, stream_.get()));
   QS_CUDA_CHECK(cudaMemcpyAsync(target(), values.data(), bytes, cudaMemcpyHostToDevice, stream_.get()));
-  QS_RETURN_IF_ERROR(RefreshPacked());
   QS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   return absl::OkStatus();
 }
@@ -722,7 +710,6 @@ absl::Status CudaBackend::LoadState(const BackendState& in, StateParts parts) {
   QS_CUDA_CHECK(
       cudaMemcpyAsync(adam_v_.get(), in.adam_v.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
   QS_CUDA_CHECK(cudaMemcpyAsync(state_.get(), &state, sizeof(state), cudaMemcpyHostToDevice, s));
-  QS_RETURN_IF_ERROR(RefreshPacked());
   QS_CUDA_CHECK(cudaStreamSynchronize(s));
   return absl::OkStatus();
 }
@@ -741,7 +728,6 @@ absl::Status CudaBackend::SyncGroup() {
   static_assert(offsetof(kernels::DeviceState, t) == 0 &&
                 offsetof(kernels::DeviceState, adam_updates) == sizeof(int64_t));
   QS_RETURN_IF_ERROR(comm_->Broadcast(state_.get(), 2 * sizeof(int64_t), 0, s));
-  QS_RETURN_IF_ERROR(RefreshPacked());
   kernels::DeviceState state;
   QS_CUDA_CHECK(cudaMemcpyAsync(&state, state_.get(), sizeof(state), cudaMemcpyDeviceToHost, s));
   QS_CUDA_CHECK(cudaStreamSynchronize(s));

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/per_sample.h"
 #include "kernels/replay_commit.h"
 
 namespace qstream::cuda {
@@ -56,7 +55,6 @@ absl::Status DeviceReplay::Allocate() {
     if (absl::Status s = b->Allocate(c); !s.ok()) return s;
   }
   if (absl::Status s = actions_.Allocate(c * num_branches_); !s.ok()) return s;
-  if (absl::Status s = sums_.Allocate(kernels::PrioritySumWords(capacity_)); !s.ok()) return s;
   static_assert(sizeof(float) == sizeof(int32_t), "staging regions are 32-bit words");
   for (Staging& st : staging_) {
     if (absl::Status s = st.host.Allocate(layout_.words); !s.ok()) return s;
@@ -134,7 +132,6 @@ absl::Status DeviceReplay::Load(const ReplayState& in) {
   state.replay_cursor = in.cursor;
   state.max_priority = in.max_priority;
   QS_RETURN_IF_ERROR(put(state_, &state, sizeof(state)));
-  QS_CUDA_CHECK(kernels::LaunchPrioritySums(priority_sums(), stream_));
   QS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   size_ = n;
   cursor_ = in.cursor;
@@ -153,10 +150,6 @@ kernels::ReplayColumns DeviceReplay::columns() const {
   c.obs_dim = obs_dim_;
   c.num_branches = num_branches_;
   return c;
-}
-
-kernels::PrioritySums DeviceReplay::priority_sums() const {
-  return kernels::MakePrioritySums(priorities_.get(), capacity_, sums_.get());
 }
 
 absl::Status DeviceReplay::Insert(const TransitionColumns& batch) {
@@ -278,7 +271,6 @@ absl::Status DeviceReplay::Commit(Staging* staging, int64_t rows) {
   commit.new_size = size_;
   commit.new_cursor = cursor_;
   commit.state = state_;
-  commit.sums = priority_sums();
   QS_CUDA_CHECK(kernels::LaunchReplayCommit(commit, stream_));
   QS_CUDA_CHECK(cudaEventRecord(st.consumed.get(), stream_));
   st.in_flight = true;

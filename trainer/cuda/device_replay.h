@@ -19,7 +19,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/per_sample.h"
 #include "kernels/views.h"
 #include "trainer/backend_state.h"
 #include "trainer/cuda/device_memory.h"
@@ -63,10 +62,6 @@ class DeviceReplay {
   int64_t size() const { return size_; }
   int64_t capacity() const { return capacity_; }
   kernels::ReplayColumns columns() const;
-  // The sampler's sums over the priorities (kernels/per_sample.h), kept
-  // current by every commit and Load here; the step's write-back must refresh
-  // them itself (the CUDA backend's Adam kernel does).
-  kernels::PrioritySums priority_sums() const;
 
  private:
   // One chunk of rows on its way to the ring: the host side (pinned) and the
@@ -110,7 +105,6 @@ class DeviceReplay {
 
   DeviceBuffer<float> obs_, next_obs_, rewards_, discounts_, priorities_;
   DeviceBuffer<int32_t> actions_;
-  DeviceBuffer<uint64_t> sums_;  // zero, as the priorities, until the first commit
   std::array<Staging, 2> staging_;
   int next_staging_ = 0;
   double wait_seconds_ = 0;

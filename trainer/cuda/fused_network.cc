@@ -1,7 +1,6 @@
 #include "trainer/cuda/fused_network.h"
 
 #include <algorithm>
-#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -205,11 +204,6 @@ absl::Status FusedNetwork::Init(const NetworkSpec& spec, int batch, kernels::Pre
   job(io.params, spec.adv_hidden, true, false, Offset(mptr(b_heads), int64_t{hp_} * topp, elem_), topp);
   for (int k = 1; k < L; ++k) job(io.params, spec.trunk[k], true, false, mptr(b_trunk[k]), wp[k - 1]);
   if (pack_.num_jobs > kernels::kMaxPackJobs) return absl::InternalError("fused network: too many pack jobs");
-  if (std::string why = kernels::PlanAdamPack(pack_, io.params, io.target, spec.num_params, &adam_pack_);
-      !why.empty()) {
-    return absl::InternalError(
-        absl::StrCat("fused network: the packed copies do not cover the parameters: ", why));
-  }
 
   auto op_from = [&](const Mat& m, int n, const float* bias_ptr) {
     FusedOp op;
@@ -373,27 +367,18 @@ absl::Status FusedNetwork::Init(const NetworkSpec& spec, int batch, kernels::Pre
   QS_RETURN_IF_ERROR(d_forward_.Allocate(1));
   QS_RETURN_IF_ERROR(d_backward_.Allocate(1));
   QS_RETURN_IF_ERROR(d_grad_.Allocate(1));
-  QS_RETURN_IF_ERROR(d_adam_pack_.Allocate(1));
   QS_CUDA_CHECK(cudaMemcpyAsync(d_pack_.get(), &pack_, sizeof(pack_), cudaMemcpyHostToDevice, stream));
-  QS_CUDA_CHECK(
-      cudaMemcpyAsync(d_adam_pack_.get(), &adam_pack_, sizeof(adam_pack_), cudaMemcpyHostToDevice, stream));
   QS_CUDA_CHECK(
       cudaMemcpyAsync(d_forward_.get(), &forward_, sizeof(forward_), cudaMemcpyHostToDevice, stream));
   QS_CUDA_CHECK(
       cudaMemcpyAsync(d_backward_.get(), &backward_, sizeof(backward_), cudaMemcpyHostToDevice, stream));
   QS_CUDA_CHECK(cudaMemcpyAsync(d_grad_.get(), &grad_, sizeof(grad_), cudaMemcpyHostToDevice, stream));
-  QS_RETURN_IF_ERROR(EnqueuePack(stream));
   QS_CUDA_CHECK(cudaStreamSynchronize(stream));
   return absl::OkStatus();
 }
 
 absl::Status FusedNetwork::EnqueuePack(cudaStream_t stream) const {
   QS_CUDA_CHECK(kernels::LaunchPack(pack_, d_pack_.get(), stream));
-  return absl::OkStatus();
-}
-
-absl::Status FusedNetwork::EnqueueAdam(const kernels::AdamArgs& adam, cudaStream_t stream) const {
-  QS_CUDA_CHECK(kernels::LaunchAdamPack(adam, adam_pack_, d_adam_pack_.get(), stream));
   return absl::OkStatus();
 }
 

@@ -1,14 +1,10 @@
 // The network passes of the CUDA step on the fused path (kernels/fused_mlp.h):
-// steps 3 and 8 of the learner step as three launches,
+// steps 3 and 8 of the learner step as four launches,
+//   Pack      fp32 master parameters -> padded operand copies (online, target)
 //   Forward   one chain kernel: online on s, online on s', target on s'
 //   Backward  one chain kernel: data gradients of every layer on the s rows
 //   WeightGrad one kernel: dW, db of every layer, and the grad-norm partials
-// reading padded operand copies of the fp32 master parameters (online,
-// target) that step 10's Adam pass writes as it updates them
-// (kernels::LaunchAdamPack, through EnqueueAdam), so they are current at the
-// next step; whoever writes the parameters otherwise (set-up, a restore, a
-// group broadcast) calls EnqueuePack. Every kernel argument is built once
-// here, at set-up.
+// with every kernel argument built once here, at set-up.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,7 +14,6 @@
 
 #include "absl/status/status.h"
 #include "kernels/fused_mlp.h"
-#include "kernels/optimizer.h"
 #include "trainer/cuda/device_memory.h"
 #include "trainer/network_spec.h"
 
@@ -55,10 +50,7 @@ class FusedNetwork {
   absl::Status Init(const NetworkSpec& spec, int batch, kernels::Precision precision,
                     const FusedNetworkIo& io, cudaStream_t stream);
 
-  // Refreshes the operand copies from the parameters (outside the step).
   absl::Status EnqueuePack(cudaStream_t stream) const;
-  // Step 10 for these networks: Adam + target update writing the operand copies.
-  absl::Status EnqueueAdam(const kernels::AdamArgs& adam, cudaStream_t stream) const;
   absl::Status EnqueueForward(cudaStream_t stream) const;
   absl::Status EnqueueBackward(cudaStream_t stream) const;  // data gradients, then weight gradients
 
@@ -99,8 +91,6 @@ class FusedNetwork {
   DeviceBuffer<float> v_logits_, a_logits_;
 
   kernels::PackProgram pack_;
-  kernels::AdamPackProgram adam_pack_;
-  DeviceBuffer<kernels::AdamPackProgram> d_adam_pack_;
   kernels::FusedProgram forward_, backward_;
   kernels::GradProgram grad_;
   DeviceBuffer<kernels::PackProgram> d_pack_;
