@@ -6,7 +6,8 @@
 # metrics.txt, ncu.csv / demo.log).
 # Usage: stage/gpu-run.sh [STAGE_DIR]   (env SKIP_TESTS=1, SKIP_SANITIZER=1, SKIP_PEER=1, SKIP_BENCH=1,
 #   (tests include the data-parallel ones: two ranks need a two-GPU kind, else they skip)
-#   PATHS="fused cublas" PRECISIONS=fp32,tf32,bf16 CONFIGS=h200,small, PROFILE=1,
+#   PATHS="fused cublas" PRECISIONS=fp32,tf32,bf16 CONFIGS=h200,small,
+#   PROFILE=1 [NCU_TARGETS="h200/1024" NCU_PRECISION=tf32 NCU_SKIP=25 NCU_COUNT=60 NCU_STEPS=3]: ncu per kernel,
 #   DEMO=1 [DEMO_SECONDS=60]: qstreamd --backend=cuda + CartPole actors via deploy/demo.sh,
 #   METRICS=1: qstreamd --backend=cuda under 5 s of load, its GPU, build and step-time series from /metrics,
 #   E2E=1 [E2E_SECONDS=20 E2E_STREAMS=8 E2E_KIND=nstep|step|step_stream]: qstream-bench e2e, qstreamd --backend=cuda under load streams,
@@ -175,12 +176,17 @@ if [[ "${METRICS:-0}" == 1 && -x "$bin/qstreamd" ]]; then
 fi
 
 if [[ "${PROFILE:-0}" == 1 ]]; then
-  # Per-kernel device time of a few steps (graph nodes profiled one by one).
-  timeout 240 ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
-    --launch-skip "${NCU_SKIP:-25}" --launch-count "${NCU_COUNT:-60}" \
-    "$bin/qstream-bench" learner --backend=cuda --config=h200 --batch=1024 --fill=100000 --steps=3 \
-    --warmup=0 --repeats=1 > "$out/ncu.csv" 2>&1
-  echo "== ncu rc=$?" >> "$summary"
+  # Per-kernel device time of a few steps (graph nodes profiled one by one),
+  # for each NCU_TARGETS entry config/batch (e.g. "small/64 h200/1024"), all
+  # into ncu.csv (the 8-file limit), each block headed by its target.
+  for target in ${NCU_TARGETS:-h200/1024}; do
+    echo "== ncu ${target} ${NCU_PRECISION:-tf32}" >> "$out/ncu.csv"
+    timeout 240 ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
+      --launch-skip "${NCU_SKIP:-25}" --launch-count "${NCU_COUNT:-60}" \
+      "$bin/qstream-bench" learner --backend=cuda --config="${target%/*}" --batch="${target#*/}" \
+      --precision="${NCU_PRECISION:-tf32}" --fill=100000 --steps="${NCU_STEPS:-3}" --warmup=0 --repeats=1 >> "$out/ncu.csv" 2>&1
+    echo "== ncu ${target} rc=$?" >> "$summary"
+  done
 fi
 
 if [[ "${SKIP_SANITIZER:-0}" != 1 ]]; then
