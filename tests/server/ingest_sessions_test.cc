@@ -904,7 +904,13 @@ void RunProperty(uint32_t seed, bool pipelined) {
   }
   for (auto& t : threads) t.join();
   rig.sessions->Expire(absl::Now() + absl::Seconds(61));  // flushes every window left by unclean ends
-  rig.learner->Stop();                                    // inserts everything queued
+  // Those flushes (and the ones unclean private ends posted) are committed
+  // asynchronously, behind whatever their session still has in flight: the
+  // learner must still be running when they reach it.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (rig.sessions->pending_transitions() > 0 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(2));
+  rig.learner->Stop();  // inserts everything queued
   EXPECT_EQ(rig.sessions->pending_transitions(), 0);
 
   std::multiset<float> inserted;
