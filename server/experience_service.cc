@@ -10,6 +10,7 @@
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "server/validate.h"
+#include "trainer/callback_runner.h"
 
 namespace qstream {
 
@@ -43,7 +44,10 @@ grpc::Status NotInserted(const absl::Status& status, const std::string& what) {
 // batch takes a slot in `slots_`; outcomes fill their slots in any order and
 // acks are written from the front, one per batch, in read order (an ack that
 // has ready acks behind it is written with a buffer hint, so a run of them
-// leaves in one send).
+// leaves in one send). Outcomes delivered in one run of callbacks (a pump of
+// the stream's session, an insert round's callbacks: CallbackScope) start
+// the write at the run's end, so the acks of a stream's batches inserted
+// together leave together.
 class ExperienceService::StreamReactor final : public Reactor,
                                                public std::enable_shared_from_this<StreamReactor> {
  public:
@@ -311,7 +315,9 @@ class ExperienceService::StreamReactor final : public Reactor,
       s.ready = true;
       s.ack = std::move(ack);
     }
-    Pump();
+    // Within a run of callbacks (CallbackScope) the write starts at the run's
+    // end, with every ack of this stream it made ready behind a buffer hint.
+    CallbackScope::RunAtScopeEnd(this, [self = shared_from_this()] { self->Pump(); });
   }
 
   // Writes the front ack when it is ready and no write is outstanding; skips
@@ -329,7 +335,15 @@ class ExperienceService::StreamReactor final : public Reactor,
         if (!slots_.front().ready) return;
         writing_ = true;
         grpc::WriteOptions options;
-        if (slots_.size() > 1 && slots_[1].ready) options.set_buffer_hint();  // more follow at once
+        // More follow at once: gRPC buffers this one (its write completes at
+        // once) and sends the run with the last. Never on the first write: it
+        // carries the initial metadata, and gRPC 1.51 completes a buffered
+        // write with initial metadata only once it is sent (the stream would
+        // wait for an OnWriteDone that never comes).
+        if (wrote_ && slots_.size() > 1 && slots_[1].ready && slots_[1].ack.has_value()) {
+          options.set_buffer_hint();
+        }
+        wrote_ = true;
         StartWrite(&*slots_.front().ack, options);
         return;
       }
@@ -416,6 +430,7 @@ class ExperienceService::StreamReactor final : public Reactor,
   uint64_t first_slot_ ABSL_GUARDED_BY(mu_) = 0;  // the id of slots_.front()
   bool reading_ ABSL_GUARDED_BY(mu_) = false;     // a read is pending or its reaction runs
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool wrote_ ABSL_GUARDED_BY(mu_) = false;  // an ack was written (initial metadata sent)
   bool read_closed_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);  // finish with this once acks are written
   bool draining_ ABSL_GUARDED_BY(mu_) = false;

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "server/batch_columns.h"
 #include "server/committed_windows.h"
+#include "trainer/callback_runner.h"
 
 namespace qstream {
 
@@ -293,6 +294,8 @@ void IngestSessions::Pump(const std::shared_ptr<IngestRecord>& r) {
     if (r->pumping) return;  // that thread issues this work too
     r->pumping = true;
   }
+  // The acks of the batches this pump delivers go out together at its end.
+  CallbackScope scope;
   while (true) {
     Work work;
     {

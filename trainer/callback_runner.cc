@@ -7,6 +7,42 @@
 #include "absl/strings/numbers.h"
 
 namespace qstream {
+namespace {
+
+struct DeferredCalls {
+  int depth = 0;
+  std::vector<std::pair<const void*, std::function<void()>>> calls;
+};
+
+DeferredCalls& ThreadDeferredCalls() {
+  thread_local DeferredCalls deferred;
+  return deferred;
+}
+
+}  // namespace
+
+CallbackScope::CallbackScope() { ++ThreadDeferredCalls().depth; }
+
+CallbackScope::~CallbackScope() {
+  DeferredCalls& deferred = ThreadDeferredCalls();
+  if (--deferred.depth > 0) return;
+  std::vector<std::pair<const void*, std::function<void()>>> calls;
+  calls.swap(deferred.calls);
+  for (auto& [key, fn] : calls) fn();
+}
+
+void CallbackScope::RunAtScopeEnd(const void* key, std::function<void()> fn) {
+  DeferredCalls& deferred = ThreadDeferredCalls();
+  if (deferred.depth == 0) {
+    fn();
+    return;
+  }
+  // A run holds a few keys (the streams it acknowledges): a scan beats a hash.
+  for (const auto& call : deferred.calls) {
+    if (call.first == key) return;
+  }
+  deferred.calls.emplace_back(key, std::move(fn));
+}
 
 CallbackRunner::CallbackRunner(int threads) {
   for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { Work(); });
@@ -62,7 +98,10 @@ void CallbackRunner::Work() {
       queue_.pop_front();
       ++running_;
     }
-    for (std::function<void()>& callback : part) callback();
+    {
+      CallbackScope scope;
+      for (std::function<void()>& callback : part) callback();
+    }
     part.clear();  // the callbacks' captures go before the part counts as done
     absl::MutexLock lock(&mu_);
     --running_;

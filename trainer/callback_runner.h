@@ -16,6 +16,29 @@
 
 namespace qstream {
 
+// Calls held back to the end of a run of callbacks on one thread. While a
+// CallbackScope is open on a thread (CallbackRunner opens one around each
+// part it runs, the learner around the insert callbacks it runs itself, the
+// ingest sessions around a pump), RunAtScopeEnd(key, fn) queues `fn` to run
+// when the outermost scope closes, once per key however often it is asked;
+// with no scope open it runs `fn` at once. The ack writer uses it: the acks
+// a run of callbacks makes ready for one stream go out together (gRPC's
+// buffer hint: one socket write) instead of one write each. A deferred call
+// runs after every callback of the run, so nothing may wait inside a scope
+// for one (none of the callbacks waits for an ack).
+class CallbackScope {
+ public:
+  CallbackScope();
+  // The outermost scope runs the deferred calls in the order first asked,
+  // on this thread; a call they make to RunAtScopeEnd runs at once.
+  ~CallbackScope();
+
+  CallbackScope(const CallbackScope&) = delete;
+  CallbackScope& operator=(const CallbackScope&) = delete;
+
+  static void RunAtScopeEnd(const void* key, std::function<void()> fn);
+};
+
 class CallbackRunner {
  public:
   // `threads` >= 1 worker threads, started now.

@@ -659,6 +659,7 @@ void Learner::InsertBatches(std::deque<Pending>* batches, bool hand_off) {
   if (hand_off) {
     callbacks_.Post(std::move(callbacks));
   } else {
+    CallbackScope scope;  // acks of one stream made ready here go out together
     for (std::function<void()>& callback : callbacks) callback();
   }
 }

@@ -629,6 +629,52 @@ TEST(QstreamdE2E, PipelinedBatchesGetOneAckEachInOrder) {
   EXPECT_EQ(GetStatus(channel).replay_size(), 39 * 3);
 }
 
+// Streams opened while the learner steps: their first batches wait for the
+// same insert round, so the acks of a stream's first few batches become
+// ready together and leave as one run (buffer hint). The stream's first
+// write carries the initial metadata and must not be buffered: gRPC 1.51
+// would complete it only once sent, and the stream waited forever for its
+// first ack (a hang in about one of three 16-stream load runs before).
+TEST(QstreamdE2E, PipelinedStreamsOpenedTogetherGetEveryAck) {
+  auto d = StartOrDie({"--start_paused"});
+  constexpr int kStreams = 16;      // each on its own connection, all at once
+  constexpr uint64_t kBatches = 8;  // the daemon's max_in_flight_per_stream
+  constexpr int kRounds = 12;
+  std::atomic<int64_t> accepted{0};
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<std::thread> actors;
+    for (int s = 0; s < kStreams; ++s) {
+      actors.emplace_back([&, s] {
+        std::mt19937 rng(1000 * round + s);
+        grpc::ChannelArguments args;
+        args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+        auto stub = v1::ExperienceService::NewStub(
+            grpc::CreateCustomChannel(d.grpc_address, grpc::InsecureChannelCredentials(), args));
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+        auto stream = stub->Stream(&context);
+        for (uint64_t i = 1; i <= kBatches; ++i) ASSERT_TRUE(stream->Write(NStepBatch(1, i, &rng)));
+        // Every ack before the half-close: nothing else the client sends may
+        // be what gets a held-back ack written.
+        std::vector<uint64_t> sequences;
+        v1::Ack ack;
+        while (sequences.size() < kBatches && stream->Read(&ack)) {
+          sequences.push_back(ack.sequence());
+          accepted += ack.accepted();
+        }
+        stream->WritesDone();
+        const grpc::Status status = stream->Finish();
+        ASSERT_TRUE(status.ok()) << "round " << round << " stream " << s << ": " << status.error_message()
+                                 << " after " << sequences.size() << " acks";
+        ASSERT_EQ(sequences.size(), kBatches);
+        for (uint64_t i = 0; i < kBatches; ++i) EXPECT_EQ(sequences[i], i + 1) << "stream " << s;
+      });
+    }
+    for (std::thread& t : actors) t.join();
+  }
+  EXPECT_EQ(accepted.load(), kRounds * kStreams * static_cast<int64_t>(kBatches));
+}
+
 // --start_paused: actors stream into the replay, but no step is taken until
 // Admin.Resume.
 TEST(QstreamdE2E, StartPausedIngestsWithoutStepsUntilResume) {
