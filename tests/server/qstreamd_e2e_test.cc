@@ -643,6 +643,7 @@ TEST(QstreamdE2E, PipelinedStreamsOpenedTogetherGetEveryAck) {
   std::atomic<int64_t> accepted{0};
   for (int round = 0; round < kRounds; ++round) {
     std::vector<std::thread> actors;
+    actors.reserve(kStreams);
     for (int s = 0; s < kStreams; ++s) {
       actors.emplace_back([&, s] {
         std::mt19937 rng(1000 * round + s);
@@ -672,7 +673,7 @@ TEST(QstreamdE2E, PipelinedStreamsOpenedTogetherGetEveryAck) {
     }
     for (std::thread& t : actors) t.join();
   }
-  EXPECT_EQ(accepted.load(), kRounds * kStreams * static_cast<int64_t>(kBatches));
+  EXPECT_EQ(accepted.load(), int64_t{kRounds} * kStreams * static_cast<int64_t>(kBatches));
 }
 
 // --start_paused: actors stream into the replay, but no step is taken until

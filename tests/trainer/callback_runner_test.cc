@@ -81,16 +81,17 @@ TEST(CallbackRunnerTest, AGroupsDeferredCallsRunOnceAfterItsCallbacks) {
   std::vector<std::string> log;  // written by the runner's one thread only
   int key = 0;
   std::vector<std::function<void()>> callbacks;
+  callbacks.reserve(5);
   for (int i = 0; i < 5; ++i) {
-    callbacks.push_back([&, i] {
-      log.push_back("cb" + std::to_string(i));
-      CallbackScope::RunAtScopeEnd(&key, [&] { log.push_back("deferred"); });
+    callbacks.emplace_back([&, i] {
+      log.emplace_back("cb" + std::to_string(i));
+      CallbackScope::RunAtScopeEnd(&key, [&] { log.emplace_back("deferred"); });
     });
   }
   runner.Post(std::move(callbacks));
   runner.WaitIdle();
   EXPECT_EQ(log, (std::vector<std::string>{"cb0", "cb1", "cb2", "cb3", "cb4", "deferred"}));
-  runner.Post({[&] { CallbackScope::RunAtScopeEnd(&key, [&] { log.push_back("next group"); }); }});
+  runner.Post({[&] { CallbackScope::RunAtScopeEnd(&key, [&] { log.emplace_back("next group"); }); }});
   runner.WaitIdle();
   EXPECT_EQ(log.back(), "next group");
 }
