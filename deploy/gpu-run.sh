@@ -3,11 +3,12 @@
 # deploy/gpu-stage.sh: GPU tests, compute-sanitizer (memcheck + racecheck) on
 # a few steps, qstream-bench learner on the h200 and small configs and the
 # PyTorch peer in the same invocation. Logs go to $OUT (at most 8 files: summary, tests, sanitizer, bench.jsonl, bench.log, peer.jsonl,
-# metrics.txt, ncu.csv / demo.log).
+# metrics.txt, ncu.csv / demo.log; PROFILE with NCU_SOURCE adds ncu-source.ncu-rep and ncu-source.txt).
 # Usage: stage/gpu-run.sh [STAGE_DIR]   (env SKIP_TESTS=1, SKIP_SANITIZER=1, SKIP_PEER=1, SKIP_BENCH=1,
 #   (tests include the data-parallel ones: two ranks need a two-GPU kind, else they skip)
 #   PATHS="fused cublas" PRECISIONS=fp32,tf32,bf16 CONFIGS=h200,small,
 #   PROFILE=1 [NCU_TARGETS="h200/1024" NCU_PRECISION=tf32 NCU_SKIP=25 NCU_COUNT=60 NCU_STEPS=3]: ncu per kernel,
+#     [NCU_SOURCE=<kernel regex> NCU_SOURCE_SKIP=20]: and one launch of that kernel with source counters,
 #   DEMO=1 [DEMO_SECONDS=60]: qstreamd --backend=cuda + CartPole actors via deploy/demo.sh,
 #   METRICS=1: qstreamd --backend=cuda under 5 s of load, its GPU, build and step-time series from /metrics,
 #   E2E=1 [E2E_SECONDS=20 E2E_STREAMS=8 E2E_KIND=nstep|step|step_stream]: qstream-bench e2e, qstreamd --backend=cuda under load streams,
@@ -187,6 +188,26 @@ if [[ "${PROFILE:-0}" == 1 ]]; then
       --precision="${NCU_PRECISION:-tf32}" --fill=100000 --steps="${NCU_STEPS:-3}" --warmup=0 --repeats=1 >> "$out/ncu.csv" 2>&1
     echo "== ncu ${target} rc=$?" >> "$summary"
   done
+  # NCU_SOURCE=<kernel name regex>: one launch of the first matching kernel
+  # (after NCU_SOURCE_SKIP matching ones) at the first NCU_TARGETS entry, with
+  # the full section set and the source counters: the report
+  # (ncu-source.ncu-rep, for ncu-ui) and its source page as text (SASS with
+  # the stall samples per instruction; the CUDA lines come from -lineinfo).
+  if [[ -n "${NCU_SOURCE:-}" ]]; then
+    targets=(${NCU_TARGETS:-h200/1024})
+    target="${targets[0]}"
+    src="$out/ncu-source.txt"
+    echo "== ncu source ${NCU_SOURCE} ${target} ${NCU_PRECISION:-tf32}" >> "$src"
+    timeout 300 ncu --clock-control none --graph-profiling node --set full --import-source yes \
+      --kernel-name "regex:${NCU_SOURCE}" --launch-skip "${NCU_SOURCE_SKIP:-20}" --launch-count 1 \
+      --export "$out/ncu-source" --force-overwrite \
+      "$bin/qstream-bench" learner --backend=cuda --config="${target%/*}" --batch="${target#*/}" \
+      --precision="${NCU_PRECISION:-tf32}" --fill=100000 --steps=40 --warmup=0 --repeats=1 >> "$src" 2>&1
+    echo "== ncu source ${NCU_SOURCE} ${target} rc=$?" >> "$summary"
+    if ! ncu --import "$out/ncu-source.ncu-rep" --page source --csv --print-source sass >> "$src" 2>&1; then
+      ncu --import "$out/ncu-source.ncu-rep" --page details >> "$src" 2>&1
+    fi
+  fi
 fi
 
 if [[ "${SKIP_SANITIZER:-0}" != 1 ]]; then
