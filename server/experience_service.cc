@@ -279,6 +279,7 @@ class ExperienceService::StreamReactor final : public Reactor,
     ack.set_sequence(sequence);
     ack.set_duplicate(outcome.duplicate);
     ack.set_accepted(static_cast<uint32_t>(outcome.accepted));
+    ack.set_accepted_before(static_cast<uint32_t>(outcome.accepted_before));
     WriteAck(slot, &ack);
   }
 

@@ -81,6 +81,9 @@ struct IngestRecord {
   // Committed with the insert that made them true (what a checkpoint saves).
   uint64_t last_sequence ABSL_GUARDED_BY(mu) = 0;
   CommittedWindows windows ABSL_GUARDED_BY(mu);
+  // The newest committed batches' (sequence, accepted), ascending, at most
+  // IngestSessions::kRecentBatches: a duplicate's accepted_before.
+  std::deque<std::pair<uint64_t, uint32_t>> recent ABSL_GUARDED_BY(mu);
   // The same as they will be once every issued ticket committed: the next
   // work item is assembled against these, so a stream's batches pipeline
   // into the learner instead of waiting one learner round each.
@@ -103,6 +106,17 @@ struct IngestRecord {
   // delivered (a deque keeps references across push_back / pop_front), so
   // its insert callback holds a pointer to it.
   std::deque<IngestSessions::Ticket> tickets ABSL_GUARDED_BY(mu);
+
+  void Remember(uint64_t sequence, int64_t accepted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!recent.empty() && sequence <= recent.back().first) return;  // kept ascending
+    if (recent.size() == IngestSessions::kRecentBatches) recent.pop_front();
+    recent.emplace_back(sequence, static_cast<uint32_t>(accepted));
+  }
+
+  int64_t AcceptedBefore(uint64_t sequence) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const auto it = std::lower_bound(recent.begin(), recent.end(), std::make_pair(sequence, uint32_t{0}));
+    return it != recent.end() && it->first == sequence ? it->second : 0;
+  }
 
   bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return !pumping && !delivering && queue.empty() && tickets.empty();
@@ -345,6 +359,7 @@ void IngestSessions::Issue(const std::shared_ptr<IngestRecord>& r, Work& work) {
       IncomingBatch& batch = work.batch;
       if (batch.sequence != 0 && batch.sequence <= r->last_sequence) {
         t.outcome.duplicate = true;
+        t.outcome.accepted_before = r->AcceptedBefore(batch.sequence);
         return;
       }
       t.sequence = batch.sequence;
@@ -427,6 +442,7 @@ void IngestSessions::Deliver(const std::shared_ptr<IngestRecord>& r) {
             t.step_batch.reset();
           }
           r->last_sequence = std::max(r->last_sequence, t.sequence);
+          if (t.sequence != 0) r->Remember(t.sequence, t.outcome.accepted);
         }
         ready.push_back(std::move(t));
         r->tickets.pop_front();
@@ -512,6 +528,11 @@ void IngestSessions::Save(v1::IngestState* out) {
     s->set_stream_id(r.stream_id);
     s->set_last_sequence(r.last_sequence);
     assembler_.Save(r.windows.windows(), s->mutable_windows());
+    for (const auto& [sequence, accepted] : r.recent) {
+      v1::CommittedBatch* c = s->add_recent();
+      c->set_sequence(sequence);
+      c->set_accepted(accepted);
+    }
   };
   for (const auto& [id, r] : sessions_) save(*r, false);
   for (const auto& [id, r] : private_) save(*r, true);
@@ -535,9 +556,20 @@ absl::Status IngestSessions::Restore(const v1::IngestState& state) {
       return absl::InvalidArgumentError(
           absl::StrCat("ingest session \"", s.stream_id(), "\": appears twice"));
     }
+    uint64_t previous = 0;
+    for (const v1::CommittedBatch& c : s.recent()) {
+      if (c.sequence() <= previous || c.sequence() > s.last_sequence()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ingest session \"", s.stream_id(), "\": recent.sequence ", c.sequence(),
+                         " is not above the one before it (", previous, ") and at most last_sequence (",
+                         s.last_sequence(), ")"));
+      }
+      previous = c.sequence();
+    }
     auto r = std::make_shared<IngestRecord>(s.stream_id(), 0, &assembler_);
     absl::MutexLock lock(&r->mu);
     r->last_sequence = r->issued_sequence = s.last_sequence();
+    for (const v1::CommittedBatch& c : s.recent()) r->Remember(c.sequence(), c.accepted());
     r->issued_windows = windows;
     r->windows.Reset(std::move(windows));
     r->detached_at = now;

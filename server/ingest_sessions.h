@@ -79,6 +79,8 @@ struct IngestOutcome {
   std::optional<BatchError> error;
   int64_t accepted = 0;     // transitions written to the replay for this batch
   bool duplicate = false;   // sequence already committed; nothing inserted
+  // A duplicate's first insert, when the session remembers it (Ack.accepted_before).
+  int64_t accepted_before = 0;
   int64_t replay_size = 0;  // after the insert (or the latest known)
   // The batch's episode reports, only when the batch committed as new (status
   // OK, no error, not a duplicate): what the episode metrics count, so a
@@ -157,6 +159,10 @@ class IngestSessions {
   // Past the whole of it batches are refused (RESOURCE_EXHAUSTED), so this is
   // the early word to the actors to keep fewer batches in flight. Lock-free.
   bool pressured() const { return 2 * queued_bytes() >= config_.server().max_queued_bytes(); }
+
+  // Committed batches whose accepted count a session remembers, newest
+  // first: a duplicate of one is acknowledged with it (Ack.accepted_before).
+  static constexpr size_t kRecentBatches = 64;
 
  private:
   friend struct IngestRecord;

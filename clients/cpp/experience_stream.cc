@@ -143,7 +143,8 @@ void ExperienceStream::ReadLoop() {
                                                       ack.error().field(), "': ", ack.error().message()));
         }
       } else {
-        totals_.accepted_transitions += ack.accepted();
+        // A duplicate's count is its first insert's (Ack.accepted_before).
+        totals_.accepted_transitions += ack.accepted() + ack.accepted_before();
       }
     }
     grpc::Status status;

@@ -8,7 +8,8 @@
 // new call with exponential backoff and resends every unacknowledged batch
 // with the same stream_id and sequence; the daemon acknowledges already
 // inserted ones again (Ack.duplicate) without inserting them twice; such an
-// ack counts as acknowledged. Sequences start at 1. An error ack or a
+// ack counts as acknowledged, with the count of its first insert
+// (Ack.accepted_before) while the daemon still knows it. Sequences start at 1. An error ack or a
 // protocol error from the daemon is final, and so is ABORTED: another stream
 // with the same stream_id took the session over, and this one gives way
 // instead of taking it back. A refused token (UNAUTHENTICATED,
@@ -39,7 +40,7 @@ struct StreamTotals {
   int64_t sent_batches = 0;
   int64_t acked_batches = 0;
   int64_t sent_transitions = 0;
-  int64_t accepted_transitions = 0;  // sum of Ack.accepted
+  int64_t accepted_transitions = 0;  // sum of Ack.accepted + Ack.accepted_before
   int64_t replay_size = 0;           // from the last ack
   int64_t daemon_policy_version = 0;
   bool throttle = false;

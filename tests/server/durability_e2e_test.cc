@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -126,6 +127,7 @@ v1::TransitionBatch Batch(uint64_t sequence, int count, int obs_dim = kObsDim) {
 struct SendResult {
   int64_t accepted = 0;
   int64_t duplicates = 0;
+  int64_t accepted_before = 0;  // the duplicates' first inserts (Ack.accepted_before)
   int64_t acks = 0;
   grpc::Status status;
 };
@@ -144,6 +146,7 @@ SendResult Send(const std::shared_ptr<grpc::Channel>& channel, uint64_t first, u
     EXPECT_FALSE(ack.has_error()) << ack.error().message();
     r.accepted += ack.accepted();
     r.duplicates += ack.duplicate() ? 1 : 0;
+    r.accepted_before += ack.accepted_before();
     ++r.acks;
   }
   stream->WritesDone();
@@ -191,6 +194,9 @@ TEST(DurabilityE2E, KillNineRestoreContinuesAndResendsAreNotInsertedTwice) {
   ASSERT_TRUE(resend.status.ok()) << resend.status.error_message();
   EXPECT_EQ(resend.duplicates, static_cast<int64_t>(restored_batches));
   EXPECT_EQ(resend.accepted, 10 * 16);
+  // The newest 64 duplicates (what a session remembers, kept in the
+  // checkpoint) carry their first insert's count; older ones 0.
+  EXPECT_EQ(resend.accepted_before, static_cast<int64_t>(std::min<uint64_t>(restored_batches, 64)) * 16);
   EXPECT_EQ(GetStatus(channel2).replay_size(), restored_replay + 10 * 16);
   const int64_t steps_now = GetStatus(channel2).learner_steps();
   ASSERT_TRUE(WaitFor([&] { return GetStatus(channel2).learner_steps() > steps_now + 50; }));  // trains on

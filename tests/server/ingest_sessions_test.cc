@@ -242,6 +242,90 @@ TEST(IngestSessionsTest, DuplicateOfACommittedSequenceInsertsNothing) {
   EXPECT_EQ(rig.log->Rows().size(), 3u);
 }
 
+// A duplicate carries what its first arrival inserted (accepted_before),
+// for the session's newest kRecentBatches committed batches, KIND_STEP too
+// (its count is the items its steps completed then), and across a
+// Save/Restore; older ones, flushes and rejected batches report 0.
+TEST(IngestSessionsTest, ADuplicateCarriesItsFirstInsertsCount) {
+  v1::IngestState saved;
+  std::mt19937 rng(5);
+  std::vector<int64_t> counts(IngestSessions::kRecentBatches + 40);
+  {
+    Rig rig;
+    rig.learner->Start();
+    auto s = rig.sessions->Attach("actor-d", [] {});
+    for (size_t i = 0; i < counts.size(); ++i) {
+      const int rows = 1 + static_cast<int>(rng() % 4);
+      std::vector<float> obs(rows, static_cast<float>(i));
+      const IngestOutcome o = SubmitAndWait(rig.sessions.get(), s, NStep(i + 1, "actor-d", obs));
+      ASSERT_TRUE(o.status.ok()) << o.status;
+      counts[i] = o.accepted;
+      EXPECT_EQ(o.accepted, rows);
+      EXPECT_EQ(o.accepted_before, 0);
+    }
+    // Every remembered one, newest first and in a random order of the rest.
+    std::vector<uint64_t> probe;
+    for (uint64_t q = counts.size(); q > counts.size() - IngestSessions::kRecentBatches; --q)
+      probe.push_back(q);
+    std::shuffle(probe.begin() + 1, probe.end(), rng);
+    for (uint64_t q : probe) {
+      const IngestOutcome again = SubmitAndWait(rig.sessions.get(), s, NStep(q, "actor-d", {9}));
+      EXPECT_TRUE(again.duplicate);
+      EXPECT_EQ(again.accepted, 0);
+      EXPECT_EQ(again.accepted_before, counts[q - 1]) << "sequence " << q;
+    }
+    // Older than the newest kRecentBatches: still a duplicate, count unknown.
+    for (uint64_t q : {uint64_t{1}, uint64_t{40}}) {
+      const IngestOutcome old = SubmitAndWait(rig.sessions.get(), s, NStep(q, "actor-d", {9}));
+      EXPECT_TRUE(old.duplicate);
+      EXPECT_EQ(old.accepted_before, 0) << "sequence " << q;
+    }
+    // KIND_STEP: the count its steps completed when it first came.
+    auto w = rig.sessions->Attach("actor-w", [] {});
+    const IngestOutcome wait =
+        SubmitAndWait(rig.sessions.get(), w, Step(1, "actor-w", {{3, 0, 1}, {3, 1, 2}}));
+    const IngestOutcome done =
+        SubmitAndWait(rig.sessions.get(), w, Step(2, "actor-w", {{3, 2, 3}, {3, 3, 4}}));
+    ASSERT_EQ(wait.accepted, 0);  // n = 3: both steps wait in the window
+    ASSERT_EQ(done.accepted, 2);
+    EXPECT_EQ(SubmitAndWait(rig.sessions.get(), w, Step(1, "actor-w", {{3, 0, 1}})).accepted_before, 0);
+    EXPECT_EQ(SubmitAndWait(rig.sessions.get(), w, Step(2, "actor-w", {{3, 2, 3}})).accepted_before, 2);
+    rig.sessions->Save(&saved);
+  }
+  std::map<std::string, const v1::IngestSessionState*> by_id;
+  for (const auto& st : saved.sessions()) by_id[st.stream_id()] = &st;
+  ASSERT_TRUE(by_id.count("actor-d"));
+  ASSERT_EQ(by_id["actor-d"]->recent_size(), static_cast<int>(IngestSessions::kRecentBatches));
+  Rig rig;
+  ASSERT_TRUE(rig.sessions->Restore(saved).ok());
+  rig.learner->Start();
+  auto s = rig.sessions->Attach("actor-d", [] {});
+  const uint64_t last = counts.size();
+  EXPECT_EQ(SubmitAndWait(rig.sessions.get(), s, NStep(last, "actor-d", {9})).accepted_before,
+            counts[last - 1]);
+  EXPECT_EQ(SubmitAndWait(rig.sessions.get(), s, NStep(last - 50, "actor-d", {9})).accepted_before,
+            counts[last - 51]);
+  auto w = rig.sessions->Attach("actor-w", [] {});
+  EXPECT_EQ(SubmitAndWait(rig.sessions.get(), w, Step(2, "actor-w", {{3, 2, 3}})).accepted_before, 2);
+
+  // Remembered batches out of order, or past last_sequence, are refused naming the session and field.
+  for (int variant = 0; variant < 2; ++variant) {
+    v1::IngestState bad = saved;
+    for (auto& st : *bad.mutable_sessions()) {
+      if (st.stream_id() != "actor-d") continue;
+      if (variant == 0) {
+        st.mutable_recent(5)->set_sequence(st.recent(4).sequence());
+      } else {
+        st.mutable_recent(st.recent_size() - 1)->set_sequence(st.last_sequence() + 1);
+      }
+    }
+    Rig other;
+    const absl::Status status = other.sessions->Restore(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+    EXPECT_NE(status.message().find("\"actor-d\": recent.sequence"), std::string::npos) << status;
+  }
+}
+
 TEST(IngestSessionsTest, SequenceZeroIsNeverDeduplicated) {
   Rig rig;
   rig.learner->Start();

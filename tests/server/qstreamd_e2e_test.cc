@@ -443,27 +443,33 @@ TEST(QstreamdE2E, ResentSequencesAreAckedWithoutInsert) {
     EXPECT_TRUE(s->Write(b));
     EXPECT_TRUE(s->Read(&ack));
     EXPECT_FALSE(ack.has_error());
-    return ack.accepted();
+    return ack;
   };
+  // (accepted, accepted_before) of the ack.
+  using Counts = std::pair<uint32_t, uint32_t>;
+  auto counts = [](const v1::Ack& ack) { return Counts{ack.accepted(), ack.accepted_before()}; };
   {
     grpc::ClientContext context;
     auto s = stub->Stream(&context);
-    EXPECT_EQ(send(s.get(), b1), 10u);
-    EXPECT_EQ(send(s.get(), b1), 0u);  // same sequence, same stream
+    EXPECT_EQ(counts(send(s.get(), b1)), Counts(10, 0));
+    // Same sequence, same stream: nothing inserted, the first insert's count.
+    const v1::Ack again = send(s.get(), b1);
+    EXPECT_TRUE(again.duplicate());
+    EXPECT_EQ(counts(again), Counts(0, 10));
     s->WritesDone();
     EXPECT_TRUE(s->Finish().ok());
   }
   {
     grpc::ClientContext context;  // one stream_id per stream
     auto s = stub->Stream(&context);
-    EXPECT_EQ(send(s.get(), b2), 10u);
+    EXPECT_EQ(counts(send(s.get(), b2)), Counts(10, 0));
     s->WritesDone();
     EXPECT_TRUE(s->Finish().ok());
   }
   {
     grpc::ClientContext context;  // a reconnect resending under the same stream_id
     auto s = stub->Stream(&context);
-    EXPECT_EQ(send(s.get(), b2), 0u);
+    EXPECT_EQ(counts(send(s.get(), b2)), Counts(0, 10));
     // Another stream_id on the same stream is an error ack naming stream_id.
     v1::TransitionBatch other = b2;
     other.set_sequence(3);
@@ -478,7 +484,7 @@ TEST(QstreamdE2E, ResentSequencesAreAckedWithoutInsert) {
   {
     grpc::ClientContext context;
     auto s = stub->Stream(&context);
-    EXPECT_EQ(send(s.get(), b1), 10u);  // no stream_id: a new stream starts fresh
+    EXPECT_EQ(counts(send(s.get(), b1)), Counts(10, 0));  // no stream_id: a new stream starts fresh
     s->WritesDone();
     EXPECT_TRUE(s->Finish().ok());
   }

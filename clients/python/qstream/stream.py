@@ -10,8 +10,10 @@ stream on grpc.aio (the Writer's for an address).
 - Reconnect: when the call breaks (daemon restart, network) a new call is
   opened after an exponential backoff and every unacknowledged batch is
   resent with its stream_id and sequence; the daemon acknowledges one it
-  already inserted again with accepted = 0 and duplicate = true, without
-  inserting it twice, and that ack settles the batch.
+  already inserted again with accepted = 0, duplicate = true and
+  accepted_before = what its first arrival inserted (while the daemon
+  remembers it: its newest 64 batches, across restarts), without inserting
+  it twice, and that ack settles the batch.
 - Takeover: a call ended with ABORTED lost its stream_id to a newer stream
   of the same identity; the stream gives way (StreamError) instead of
   taking the session back.
@@ -77,8 +79,10 @@ class StreamStats:
     sent_batches: int = 0
     acked_batches: int = 0
     sent_transitions: int = 0
-    # Sum of Ack.accepted: transitions the daemon confirmed are in its replay
-    # (KIND_STEP: assembled n-step transitions). A duplicate ack adds 0.
+    # Sum of Ack.accepted + Ack.accepted_before: transitions the daemon
+    # confirmed are in its replay (KIND_STEP: assembled n-step transitions).
+    # A duplicate ack adds its first insert's count when the daemon still
+    # knows it (its newest 64 batches of the stream_id), else 0.
     accepted_transitions: int = 0
     replay_size: int = 0
     daemon_policy_version: int = 0
@@ -291,7 +295,8 @@ class ExperienceStream:
                     code = experience_pb2.Error.Code.Name(ack.error.code)
                     self._rejected.append(BatchRejected(ack.sequence, ack.error.field, ack.error.message, code))
                 else:
-                    s.accepted_transitions += ack.accepted
+                    # A duplicate's count is its first insert's (accepted_before).
+                    s.accepted_transitions += ack.accepted + ack.accepted_before
                 if self.on_acked_locked is not None:
                     self.on_acked_locked()
             self.cv.notify_all()

@@ -423,15 +423,17 @@ class Writer:
     def flush(self, timeout: float | None = None) -> int:
         """Sends the buffered rows, waits until every batch sent so far is
         acknowledged, and returns the transitions acknowledged since the
-        Writer started: the sum of Ack.accepted. For KIND_STEP that is the
-        n-step transitions the daemon inserted; the last steps of each env's
-        unfinished episode stay in its n-step window (inserted as later
-        steps come, at the episode's end, or at close(), which drops a
-        newest step that went out without its next_obs). The rows flush()
+        Writer started: the sum of Ack.accepted (+ accepted_before). For
+        KIND_STEP that is the n-step transitions the daemon inserted; the
+        last steps of each env's unfinished episode stay in its n-step
+        window (inserted as later steps come, at the episode's end, or at
+        close(), which drops a newest step that went out without its
+        next_obs). The rows flush()
         sends go in the full form when all came with next_obs. A duplicate
-        ack (a resend after a reconnect whose
-        first ack was lost) adds 0: such a batch is in the replay once, but
-        its count is not known.
+        ack (a resend after a reconnect whose first ack was lost) adds the
+        count of the batch's first insert (Ack.accepted_before), which the
+        daemon keeps for a stream_id's newest 64 batches, across restarts;
+        older ones add 0.
 
         Raises BatchRejected (once per rejected batch; call again for the
         count), StreamError/AuthError, TimeoutError after `timeout` seconds,

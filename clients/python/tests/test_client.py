@@ -205,9 +205,9 @@ def test_whole_batch_appends_across_cut_connections_insert_every_step_once(start
                                              max_in_flight=8, max_backoff_s=0.5), appends, (30, 60), send)
     assert st.transitions_ingested == st.replay_size == appends * n
     # A resend whose first ack the cut lost is acknowledged as a duplicate
-    # (accepted = 0, the protocol's rule), so the sum of accepted counts may
-    # fall short of what is in the replay, never exceed it.
-    assert acked <= st.transitions_ingested
+    # that carries its first insert's count (Ack.accepted_before): the
+    # Writer's count is exactly what is in the replay.
+    assert acked == st.transitions_ingested
 
 
 def test_concurrent_writers_across_cuts_insert_exactly_the_sent_steps(start_daemon, tmp_path):
