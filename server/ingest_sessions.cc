@@ -107,8 +107,10 @@ struct IngestRecord {
   // its insert callback holds a pointer to it.
   std::deque<IngestSessions::Ticket> tickets ABSL_GUARDED_BY(mu);
 
+  // Committed sequences only grow (a lower one is a duplicate, one between
+  // the committed and the issued waits), and Restore checks the saved ones:
+  // `recent` stays ascending for AcceptedBefore's search.
   void Remember(uint64_t sequence, int64_t accepted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (!recent.empty() && sequence <= recent.back().first) return;  // kept ascending
     if (recent.size() == IngestSessions::kRecentBatches) recent.pop_front();
     recent.emplace_back(sequence, static_cast<uint32_t>(accepted));
   }

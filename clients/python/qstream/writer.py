@@ -428,12 +428,11 @@ class Writer:
         last steps of each env's unfinished episode stay in its n-step
         window (inserted as later steps come, at the episode's end, or at
         close(), which drops a newest step that went out without its
-        next_obs). The rows flush()
-        sends go in the full form when all came with next_obs. A duplicate
-        ack (a resend after a reconnect whose first ack was lost) adds the
-        count of the batch's first insert (Ack.accepted_before), which the
-        daemon keeps for a stream_id's newest 64 batches, across restarts;
-        older ones add 0.
+        next_obs). The rows flush() sends go in the full form when all came
+        with next_obs. A duplicate ack (a resend after a reconnect whose
+        first ack was lost) adds the count of the batch's first insert
+        (Ack.accepted_before), which the daemon keeps for a stream_id's
+        newest 64 batches, across restarts; older ones add 0.
 
         Raises BatchRejected (once per rejected batch; call again for the
         count), StreamError/AuthError, TimeoutError after `timeout` seconds,
