@@ -160,8 +160,9 @@ class IngestSessions {
   // the early word to the actors to keep fewer batches in flight. Lock-free.
   bool pressured() const { return 2 * queued_bytes() >= config_.server().max_queued_bytes(); }
 
-  // Committed batches whose accepted count a session remembers, newest
-  // first: a duplicate of one is acknowledged with it (Ack.accepted_before).
+  // How many of its newest committed batches a session remembers with their
+  // accepted counts: a duplicate of one is acknowledged with its count
+  // (Ack.accepted_before).
   static constexpr size_t kRecentBatches = 64;
 
  private:

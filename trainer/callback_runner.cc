@@ -29,6 +29,10 @@ CallbackScope::~CallbackScope() {
   std::vector<std::pair<const void*, std::function<void()>>> calls;
   calls.swap(deferred.calls);
   for (auto& [key, fn] : calls) fn();
+  // The buffer goes back for the next run (a call above that opened a scope
+  // of its own has run that scope's calls already, so the list is empty).
+  calls.clear();
+  if (deferred.calls.empty()) deferred.calls.swap(calls);
 }
 
 void CallbackScope::RunAtScopeEnd(const void* key, std::function<void()> fn) {
