@@ -103,9 +103,10 @@ def cpu_seconds(pid: int) -> float:
 class Server:
     """A child process whose output is drained into memory by a thread."""
 
-    def __init__(self, argv: list, env=None):
+    def __init__(self, argv: list, env=None, cpus: set | None = None):
         self.argv = argv
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                     preexec_fn=pinned_to(cpus))
         self.lines: list = []
         self._cv = threading.Condition()
         self._reader = threading.Thread(target=self._drain, daemon=True)
@@ -174,6 +175,24 @@ def sleep_until(t: float) -> None:
         time.sleep(min(d, 0.5))
 
 
+def parse_cpus(text: str) -> set | None:
+    """A CPU list as taskset takes it ("0-3,8"), None for "" or "all"."""
+    if text in ("", "all"):
+        return None
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def pinned_to(cpus: set | None):
+    """A preexec_fn that pins the child to `cpus` (None: no pinning)."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 def median(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
@@ -182,7 +201,12 @@ def median(xs):
 def run_clients(argvs: list, env, start_at: float, args, server_pid: int, on_boundary=None) -> tuple:
     """Spawns the clients, samples the server's CPU at every window boundary
     and returns (client results, CPU seconds per window, boundary extras)."""
-    procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for a in argvs]
+    # With the daemon pinned (--daemon_cpus), the clients take the other cores.
+    others = None
+    if args.daemon_cpus is not None:
+        others = set(os.sched_getaffinity(0)) - args.daemon_cpus or None
+    procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                              preexec_fn=pinned_to(others)) for a in argvs]
     cpu, client_cpu, host, extras = [], [], [], []
     for k in range(args.repeats + 1):
         sleep_until(start_at + k * args.window_seconds)
@@ -239,7 +263,7 @@ def run_qstream(peer: str, k: int, clients: int, learner: str, args, config_path
         str(args.qstreamd), f"--backend={args.backend}", f"--config={config_path}", "--listen=127.0.0.1:0",
         "--metrics_listen=127.0.0.1:0", f"--samples_per_insert={args.samples_per_insert}",
         f"--min_size_to_sample={args.learner_batch}",
-    ])
+    ], cpus=args.daemon_cpus)
     try:
         m = daemon.wait_for(r"listening grpc=(\S+) metrics=(\S+)", 120)
         grpc_address, metrics_address = m.group(1), m.group(2)
@@ -257,7 +281,7 @@ def run_qstream(peer: str, k: int, clients: int, learner: str, args, config_path
                     str(args.qstreamd), f"--backend={args.backend}", f"--config={config_path}",
                     "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", "--start_paused",
                     f"--samples_per_insert={args.samples_per_insert}", f"--min_size_to_sample={args.learner_batch}",
-                ])
+                ], cpus=args.daemon_cpus)
                 m = daemon.wait_for(r"listening grpc=(\S+) metrics=(\S+)", 120)
                 grpc_address, metrics_address = m.group(1), m.group(2)
         startup = args.python_startup_seconds if peer.startswith("python") else 0.5
@@ -407,6 +431,7 @@ def run_case(peer: str, k: int, n: int, learner: str, args, config_path: str, co
         case["backend"] = args.backend
         case["streams_per_client"] = args.cpp_streams if peer == "cpp" else 1
         case["in_flight"] = args.in_flight
+        case["daemon_cpus"] = sorted(args.daemon_cpus) if args.daemon_cpus is not None else "all"
     log(f"{peer} learner={learner} items={k} clients={n} ...")
     try:
         if peer in QSTREAM_PEERS:
@@ -450,7 +475,16 @@ def main() -> int:
     p.add_argument("--replay_transitions", type=int, default=1 << 20)
     p.add_argument("--table", type=Path, help="also write the markdown table here")
     p.add_argument("--n_step", type=int, default=3, help="the h200 config's returns.n_step")
+    p.add_argument("--daemon_cpus", default="", help="pin qstreamd to these CPUs (taskset's list form, e.g. 0-3; "
+                   "gRPC sizes its thread pools by the CPUs it may use) and the clients to the rest; default: "
+                   "no pinning")
     args = p.parse_args()
+    try:
+        args.daemon_cpus = parse_cpus(args.daemon_cpus)
+    except ValueError:
+        p.error(f"--daemon_cpus={args.daemon_cpus}: not a CPU list such as 0-3,8")
+    if args.daemon_cpus is not None and not args.daemon_cpus <= set(os.sched_getaffinity(0)):
+        p.error(f"--daemon_cpus: CPUs {sorted(args.daemon_cpus - set(os.sched_getaffinity(0)))} are not available here")
     if "paused" in args.learner.split(",") and args.samples_per_insert > 0:
         p.error(f"--learner=paused with --samples_per_insert={args.samples_per_insert}: a paused learner samples "
                 "nothing, so the rate limiter holds inserts once its error buffer is used and the case never "

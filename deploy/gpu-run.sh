@@ -15,7 +15,8 @@
 #   PDL_AB=1: the bench with programmatic dependent launch off and at its default, alternating (two rounds),
 #   BASE=1: with a base build staged as qstream-bench-base / qstreamd-base (gpu-stage.sh QSTREAM_STAGE_EXTRA),
 #     the bench runs base and this build alternating (two rounds) and E2E runs the base's daemon first,
-#   INGEST=1 [INGEST_PEERS=cpp INGEST_STREAMS=16 INGEST_ITEMS=1,64,1024 INGEST_CLIENTS=1,4]: bench/ingest_compare.py,
+#   INGEST=1 [INGEST_PEERS=cpp INGEST_STREAMS=16 INGEST_ITEMS=1,64,1024 INGEST_CLIENTS=1,4 INGEST_SPI=1
+#     INGEST_DAEMON_CPUS="all 0-3" INGEST_TIMEOUT=580 (per CPU set)]: bench/ingest_compare.py,
 #   qstreamd --backend=cuda, learner running, samples_per_insert 1, B = 1024, `qstream-bench load` client processes)
 set -uo pipefail
 stage="$(cd "${1:-$(dirname "$0")}" && pwd)"
@@ -131,11 +132,15 @@ if [[ "${INGEST:-0}" == 1 && -x "$bin/qstreamd" ]]; then
   echo "== ingest" >> "$summary"
   # Learner running only: with samples_per_insert 1 a paused learner holds
   # inserts at the limiter's error buffer, so a paused case never finishes.
-  timeout 580 python3 "$stage/../bench/ingest_compare.py" --build="$bin" --backend=cuda --learner_batch=1024 \
-    --samples_per_insert=1 --peers="${INGEST_PEERS:-cpp}" --learner=running \
-    --cpp_streams="${INGEST_STREAMS:-16}" --items="${INGEST_ITEMS:-1,64,1024}" --clients="${INGEST_CLIENTS:-1,4}" \
-    > "$out/ingest.tmp" 2>> "$out/bench.log"
-  echo "ingest rc=$?" >> "$summary"
+  # INGEST_DAEMON_CPUS="all 0-3 0-7": one run per CPU set qstreamd is pinned to
+  # (the clients get the other cores); INGEST_SPI: samples_per_insert.
+  for cpus in ${INGEST_DAEMON_CPUS:-all}; do
+    timeout "${INGEST_TIMEOUT:-580}" python3 "$stage/../bench/ingest_compare.py" --build="$bin" --backend=cuda \
+      --learner_batch=1024 --samples_per_insert="${INGEST_SPI:-1}" --peers="${INGEST_PEERS:-cpp}" --learner=running \
+      --cpp_streams="${INGEST_STREAMS:-16}" --items="${INGEST_ITEMS:-1,64,1024}" --clients="${INGEST_CLIENTS:-1,4}" \
+      --daemon_cpus="$cpus" >> "$out/ingest.tmp" 2>> "$out/bench.log"
+    echo "ingest daemon_cpus=$cpus rc=$?" >> "$summary"
+  done
   grep '^{' "$out/ingest.tmp" >> "$out/bench.jsonl"
   grep -v '^{' "$out/ingest.tmp" >> "$summary"
   rm -f "$out/ingest.tmp"
