@@ -302,9 +302,12 @@ def run_qstream(peer: str, k: int, clients: int, learner: str, args, config_path
         native_lib = args.build / "lib" / "libqstream_native.so"
         if "QSTREAM_NATIVE_LIB" not in env and native_lib.is_file():
             env["QSTREAM_NATIVE_LIB"] = str(native_lib)
+        # The CPUs the daemon may run on, as the kernel reports them (--daemon_cpus's effect).
+        daemon_affinity = sorted(os.sched_getaffinity(daemon.proc.pid))
         results, cpu, marks = run_clients(argvs, env, start_at, args, daemon.proc.pid,
                                           on_boundary=lambda: scrape_after_poll(metrics_address))
         row = window_rates(results, cpu, k, args)
+        row["daemon_affinity"] = daemon_affinity
         row.update(marks.pop())
         (t0, m0), (t1, m1) = marks[0], marks[-1]
         steps = "qstream_train_steps_total"
