@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Static SASS of the CUDA kernels in a build output, on a machine without a
 # GPU: per kernel, the instruction count and the count of each kind that
-# matters for the fused step (tensor-core MMAs, shared and global loads,
-# asynchronous copies, barriers), with registers and spills from
+# matters for the fused step (tensor-core MMAs, shared, global and generic loads
+# and stores, asynchronous copies, barriers), with registers and stack from
 # `cuobjdump -res-usage`. Optionally the SASS of the kernels that match a
 # regex. A static count is not a timing: it says how many instructions a
 # path carries per MMA, which is what the chain kernels' profiles pointed at.
@@ -42,8 +42,11 @@ sass, res, regex = open(sys.argv[1]).read().splitlines(), open(sys.argv[2]).read
 usage = {}
 for name, body in re.findall(r"Function (\S+):\s*\n\s*(REG:.*)", res):
     usage[name] = body
+# ld / st: generic-address loads and stores (LD.E, ST.E): the compiler could
+# not tell their space, and cannot move such a load above a store it may alias.
 kinds = [("mma", r"\b(HMMA|HGMMA|IMMA)\b"), ("lds", r"\bLDS(M)?\b"), ("ldg", r"\bLDG\b"),
-         ("cp.async", r"\bLDGSTS\b"), ("sts", r"\bSTS\b"), ("stg", r"\bSTG\b"), ("bar", r"\bBAR\b")]
+         ("ld", r"\bLD\."), ("cp.async", r"\bLDGSTS\b"), ("sts", r"\bSTS\b"), ("stg", r"\bSTG\b"),
+         ("st", r"\bST\."), ("bar", r"\bBAR\b")]
 funcs, cur = {}, None
 for line in sass:
     m = re.match(r"^\s*\.text\.(\S+):", line)
