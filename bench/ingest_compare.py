@@ -74,7 +74,7 @@ REVERB_PEERS = ("reverb_trajectory", "reverb_legacy")
 PEER_NAMES = {
     "cpp": "qstream C++ (`qstream-bench load`)",
     "python": "qstream Python SDK",
-    "python_buffered": "qstream Python SDK, Writer defaults (512 per message)",
+    "python_buffered": "qstream Python SDK, Writer defaults (max(512, K) per message)",
     "python_buffered_aio": "qstream Python SDK, Writer defaults, transport='aio'",
     "reverb_trajectory": "Reverb TrajectoryWriter",
     "reverb_legacy": "Reverb legacy Writer",
