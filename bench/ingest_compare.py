@@ -204,7 +204,7 @@ def run_clients(argvs: list, env, start_at: float, args, server_pid: int, on_bou
     # With the daemon pinned (--daemon_cpus), the clients take the other cores.
     others = None
     if args.daemon_cpus is not None:
-        others = set(os.sched_getaffinity(0)) - args.daemon_cpus or None
+        others = os.sched_getaffinity(0) - args.daemon_cpus or None
     procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                               preexec_fn=pinned_to(others)) for a in argvs]
     cpu, client_cpu, host, extras = [], [], [], []
@@ -486,8 +486,9 @@ def main() -> int:
         args.daemon_cpus = parse_cpus(args.daemon_cpus)
     except ValueError:
         p.error(f"--daemon_cpus={args.daemon_cpus}: not a CPU list such as 0-3,8")
-    if args.daemon_cpus is not None and not args.daemon_cpus <= set(os.sched_getaffinity(0)):
-        p.error(f"--daemon_cpus: CPUs {sorted(args.daemon_cpus - set(os.sched_getaffinity(0)))} are not available here")
+    missing = sorted((args.daemon_cpus or set()) - os.sched_getaffinity(0))
+    if missing:
+        p.error(f"--daemon_cpus: CPUs {missing} are not available here")
     if "paused" in args.learner.split(",") and args.samples_per_insert > 0:
         p.error(f"--learner=paused with --samples_per_insert={args.samples_per_insert}: a paused learner samples "
                 "nothing, so the rate limiter holds inserts once its error buffer is used and the case never "

@@ -35,7 +35,7 @@ cubins=("$work"/*.cubin)
 [[ ${#cubins[@]} -gt 0 ]] || { echo "sass.sh: no cubin in $input" >&2; exit 1; }
 "$bin/cuobjdump" -res-usage "$input" > "$work/res.txt" 2>&1 || true
 for c in "${cubins[@]}"; do "$bin/nvdisasm" -c "$c"; done > "$work/all.sass"
-# One row per kernel: its mangled name, counts, registers and spill bytes.
+# One row per kernel: its mangled name, counts, registers and stack bytes.
 python3 - "$work/all.sass" "$work/res.txt" "$regex" <<'PY'
 import re, sys
 sass, res, regex = open(sys.argv[1]).read().splitlines(), open(sys.argv[2]).read(), sys.argv[3]
@@ -62,8 +62,8 @@ for name, lines in funcs.items():
     counts = [sum(1 for l in lines if re.search(p, l)) for _, p in kinds]
     u = usage.get(name, "")
     reg = re.search(r"REG:(\d+)", u)
-    spill = re.search(r"STACK:(\d+)", u)
-    rows.append((name, len(lines), counts, reg.group(1) if reg else "?", spill.group(1) if spill else "?"))
+    stack = re.search(r"STACK:(\d+)", u)
+    rows.append((name, len(lines), counts, reg.group(1) if reg else "?", stack.group(1) if stack else "?"))
 print("%-8s %6s " % ("instr", "regs") + " ".join("%8s" % k for k, _ in kinds) + "  stack  kernel")
 for name, n, counts, reg, stack in rows:
     print("%-8d %6s " % (n, reg) + " ".join("%8d" % c for c in counts) + "  %5s  %s" % (stack, name))
